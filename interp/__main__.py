@@ -1,0 +1,67 @@
+"""python -m interp {generate,collect,blocks} ..."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _generate(args) -> int:
+    from .models import load_t2i
+
+    model = load_t2i(args.model)
+    images = model.generate(args.prompt, steps=args.steps, seed=args.seed, guidance=args.guidance,
+                            height=args.height, width=args.width)
+    images[0].save(args.out)
+    print(f"wrote {args.out} ({images[0].width}x{images[0].height}, {args.model}, "
+          f"steps={args.steps or model.default_steps}, seed={args.seed})")
+    return 0
+
+
+def _blocks(args) -> int:
+    from .models import load_t2i
+
+    print(json.dumps(load_t2i(args.model).describe(), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m interp", description="Load, run, hook and record models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="generate an image from a prompt")
+    gen.add_argument("--model", default="toy", help="toy (embedded), sdxl-turbo, sdxl-base, hub id or directory")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    gen.add_argument("--height", type=int, default=None)
+    gen.add_argument("--width", type=int, default=None)
+    gen.add_argument("--out", default="image.png")
+    gen.set_defaults(run=_generate)
+    blocks = commands.add_parser("blocks", help="list a model's hookable blocks, channels and sizes")
+    blocks.add_argument("--model", default="toy")
+    blocks.set_defaults(run=_blocks)
+    try:
+        from .store import add_collect_arguments, collect_command
+    except ImportError:
+        pass
+    else:
+        collect = commands.add_parser("collect", help="record block updates into an activation store (resumable)")
+        add_collect_arguments(collect)
+        collect.set_defaults(run=collect_command)
+    args = parser.parse_args(argv)
+    from .models import ModelError
+
+    try:
+        return args.run(args)
+    except (ModelError, ValueError, FileNotFoundError, PermissionError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

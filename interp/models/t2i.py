@@ -1,0 +1,205 @@
+"""Loading text-to-image pipelines by one code path: the embedded toy model, SDXL Turbo,
+SDXL base, or any local directory saved with `save_pretrained`."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..zoo import WEIGHTS_DIR
+
+SDXL_BLOCKS = ("down_blocks.2.attentions.1", "mid_block.attentions.0",
+               "up_blocks.0.attentions.0", "up_blocks.0.attentions.1")
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    source: str  # a hub repository id or a path inside the repo
+    default_steps: int
+    default_guidance: float
+    embedded: bool = False
+
+
+KNOWN_MODELS = {
+    "toy": KnownModel(str(WEIGHTS_DIR / "t2i"), 1, 0.0, embedded=True),
+    "sdxl-turbo": KnownModel("stabilityai/sdxl-turbo", 1, 0.0),
+    "sdxl-base": KnownModel("stabilityai/stable-diffusion-xl-base-1.0", 30, 5.0),
+}
+
+MAX_STEPS = 1000
+MAX_SIDE = 2048
+
+
+class ModelError(ValueError):
+    """A model that cannot be loaded or a request it cannot serve, with what to do about it."""
+
+
+@dataclass(frozen=True)
+class BlockInfo:
+    name: str       # module path inside the UNet, e.g. "down_blocks.2.attentions.1"
+    channels: int
+    height: int     # positions at the model's default resolution
+    width: int
+
+
+@dataclass
+class T2IModel:
+    """A loaded pipeline and what a user needs to know to hook and edit it."""
+
+    name: str
+    pipe: object  # diffusers StableDiffusionXLPipeline
+    default_steps: int
+    default_guidance: float
+    vocabulary: frozenset[str] | None = None  # words the model knows; None: any text
+    blocks: dict[str, BlockInfo] = field(default_factory=dict)
+
+    @property
+    def unet(self):
+        return self.pipe.unet
+
+    @property
+    def default_size(self) -> int:
+        return self.pipe.unet.config.sample_size * self.pipe.vae_scale_factor
+
+    def describe(self) -> dict:
+        return {"name": self.name, "default_steps": self.default_steps, "default_guidance": self.default_guidance,
+                "default_size": self.default_size, "blocks": {k: asdict(v) for k, v in self.blocks.items()}}
+
+    def check_prompt(self, prompt: str) -> str:
+        """The prompt, stripped, or a ModelError saying why it cannot be generated."""
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ModelError("the prompt is empty; describe the image to generate")
+        prompt = prompt.strip()
+        if self.vocabulary is not None:
+            words = {w for w in _words(prompt)}
+            unknown = sorted(words - self.vocabulary)
+            if unknown:
+                raise ModelError(f"{self.name} does not know the word(s) {', '.join(map(repr, unknown))}; "
+                                 f"it knows: {', '.join(sorted(self.vocabulary))}")
+        for tokenizer in {id(t): t for t in (self.pipe.tokenizer, self.pipe.tokenizer_2) if t is not None}.values():
+            n = len(tokenizer(prompt, truncation=False)["input_ids"])
+            if n > tokenizer.model_max_length:
+                raise ModelError(f"the prompt is {n} tokens long; {self.name} reads at most "
+                                 f"{tokenizer.model_max_length} (shorten it)")
+        return prompt
+
+    def check_request(self, steps: int, height: int | None = None, width: int | None = None) -> None:
+        if not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_STEPS:
+            raise ModelError(f"steps must be an integer from 1 to {MAX_STEPS}, not {steps!r}")
+        multiple = self.pipe.vae_scale_factor * 4  # three UNet levels: latent sides divisible by 4
+        for side_name, side in (("height", height), ("width", width)):
+            if side is None:
+                continue
+            if not isinstance(side, (int, np.integer)) or not multiple <= side <= MAX_SIDE or side % multiple:
+                raise ModelError(f"{side_name} must be a multiple of {multiple} from {multiple} to {MAX_SIDE}, "
+                                 f"not {side!r}")
+
+    def generate(self, prompt: str | list[str], steps: int | None = None, seed: int | list[int] = 0,
+                 guidance: float | None = None, height: int | None = None, width: int | None = None) -> list:
+        """PIL images, one per prompt; the same seed gives the same image."""
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        prompts = [self.check_prompt(p) for p in prompts]
+        steps = self.default_steps if steps is None else steps
+        self.check_request(steps, height, width)
+        guidance = self.default_guidance if guidance is None else float(guidance)
+        seeds = [seed] * len(prompts) if isinstance(seed, (int, np.integer)) else list(seed)
+        device = self.pipe.unet.device
+        generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
+        latents = self.initial_latents(generators, height, width)
+        with torch.inference_mode():
+            out = self.pipe(prompts, num_inference_steps=steps, guidance_scale=guidance, latents=latents.to(device),
+                            height=height, width=width)
+        return out.images
+
+    def initial_latents(self, generators: list, height: int | None = None, width: int | None = None) -> torch.Tensor:
+        """Starting noise drawn on the CPU, so a seed gives the same image on any device."""
+        h = (height or self.default_size) // self.pipe.vae_scale_factor
+        w = (width or self.default_size) // self.pipe.vae_scale_factor
+        c = self.pipe.unet.config.in_channels
+        noise = torch.stack([torch.randn((c, h, w), generator=g) for g in generators])
+        return (noise * self.pipe.scheduler.init_noise_sigma).to(self.pipe.unet.dtype)
+
+
+def _words(prompt: str) -> list[str]:
+    import re
+    return re.findall(r"[a-z]+", prompt.lower())
+
+
+def block_info(unet, names=None) -> dict[str, BlockInfo]:
+    """Channels and spatial size, at the default resolution, of the UNet's transformer blocks."""
+    cfg = unet.config
+    n_levels = len(cfg.block_out_channels)
+    side = cfg.sample_size
+    infos = {}
+    for name, module in unet.named_modules():
+        if type(module).__name__ != "Transformer2DModel":
+            continue
+        parts = name.split(".")
+        if parts[0] == "down_blocks":
+            level = int(parts[1])
+        elif parts[0] == "mid_block":
+            level = n_levels - 1
+        elif parts[0] == "up_blocks":
+            level = n_levels - 1 - int(parts[1])
+        else:
+            continue
+        s = side // 2 ** level
+        infos[name] = BlockInfo(name, module.config.in_channels, s, s)
+    if names is not None:
+        infos = {n: infos[n] for n in names if n in infos}
+    return infos
+
+
+def resolve(name_or_path: str) -> tuple[str, KnownModel | None]:
+    if name_or_path in KNOWN_MODELS:
+        return KNOWN_MODELS[name_or_path].source, KNOWN_MODELS[name_or_path]
+    if os.path.isdir(name_or_path):
+        return name_or_path, None
+    if "/" in name_or_path and not name_or_path.startswith((".", "/")):
+        return name_or_path, None  # a hub repository id
+    raise ModelError(f"unknown model {name_or_path!r}: use one of {', '.join(KNOWN_MODELS)}, "
+                     f"a hub repository id (owner/name) or a directory saved with save_pretrained")
+
+
+def load_t2i(name_or_path: str = "toy", device: str | None = None, dtype: torch.dtype | None = None,
+             allow_download: bool | None = None) -> T2IModel:
+    """Load a pipeline by name ("toy", "sdxl-turbo", "sdxl-base"), hub id or directory.
+
+    Real models come from the local Hugging Face cache or the hub (only when
+    `allow_download`, default: when HF_HUB_OFFLINE is not set); a missing or corrupt
+    model raises ModelError saying what is missing and how to get it.
+    """
+    from diffusers import StableDiffusionXLPipeline
+
+    source, known = resolve(name_or_path)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or (torch.float16 if device == "cuda" else torch.float32)
+    local = os.path.isdir(source)
+    if allow_download is None:
+        allow_download = os.environ.get("HF_HUB_OFFLINE", "0") in ("0", "", "false")
+    if local and not (Path(source) / "model_index.json").exists():
+        raise ModelError(f"{source} has no model_index.json: it is not a pipeline saved with save_pretrained"
+                         + (" (the embedded weights are missing: reinstall the repository or run "
+                            "`python -m interp.zoo train t2i`)" if known and known.embedded else ""))
+    try:
+        pipe = StableDiffusionXLPipeline.from_pretrained(source, torch_dtype=dtype,
+                                                         local_files_only=local or not allow_download)
+    except Exception as err:  # noqa: BLE001 - any failure to load becomes one clear message
+        how = ("download it once with `huggingface-cli download " + source + "` (about 7 GB) or pass a local "
+               "directory" if not local else "check that the directory holds a complete pipeline")
+        raise ModelError(f"cannot load {name_or_path!r} from {source}: {str(err).splitlines()[0]}; {how}") from None
+    pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    vocabulary = None
+    vocab_file = Path(source) / "tokenizer" / "vocabulary.json" if local else None
+    if vocab_file is not None and vocab_file.exists():
+        vocabulary = frozenset(json.loads(vocab_file.read_text()))
+    steps = known.default_steps if known else (1 if "turbo" in source.lower() else 30)
+    guidance = known.default_guidance if known else (0.0 if steps == 1 else 5.0)
+    return T2IModel(name=name_or_path, pipe=pipe, default_steps=steps, default_guidance=guidance,
+                    vocabulary=vocabulary, blocks=block_info(pipe.unet))

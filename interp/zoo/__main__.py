@@ -1,0 +1,40 @@
+"""python -m interp.zoo train {t2i,chat} ... | evaluate t2i ..."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m interp.zoo",
+                                     description="Train and evaluate the embedded default models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train an embedded model by its recipe (resumable)")
+    models = train.add_subparsers(dest="model", required=True)
+    from . import t2i_recipe
+    t2i_recipe.add_arguments(models.add_parser("t2i", help="the SDXL-built text-to-image model of the shapes world"))
+    try:
+        from .chat import recipe as chat_recipe
+    except ImportError:
+        chat_recipe = None
+    if chat_recipe is not None and hasattr(chat_recipe, "add_arguments"):
+        chat_recipe.add_arguments(models.add_parser("chat", help="the chat language model of the instruction world"))
+    evaluate = commands.add_parser("evaluate", help="probe accuracy of the text-to-image model on held-out captions")
+    evaluate.add_argument("--model", default="toy", help="model name or directory (default: the embedded toy model)")
+    evaluate.add_argument("--n", type=int, default=500, help="generations per object count")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--out", default=None, help="write JSON and a markdown table here")
+    args = parser.parse_args(argv)
+    if args.command == "train" and args.model == "t2i":
+        t2i_recipe.main(args)
+    elif args.command == "train" and args.model == "chat":
+        chat_recipe.main(args)
+    elif args.command == "evaluate":
+        from .t2i_report import evaluate_command
+        return evaluate_command(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""The embedded text-to-image model: a real diffusers `StableDiffusionXLPipeline`, tiny.
+
+Built exactly like SDXL (two CLIP text encoders whose penultimate hidden states are
+concatenated for cross-attention, `text_time` added conditioning from the second
+encoder's pooled projection and the six size/crop numbers, an `AutoencoderKL`, and a
+`UNet2DConditionModel` with SDXL's block layout and names), only small: 64 x 64 images,
+a 32 x 32 x 4 latent, 8 x 8 positions at `down_blocks.2` and `mid_block`.
+
+The UNet predicts the clean latent (`prediction_type="sample"`) so that one Euler step
+from the largest noise level is the whole generation, as SDXL Turbo does in one step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import shapes
+
+SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>")
+VOCABULARY_FILE = "vocabulary.json"  # the words the model was trained on; prompts are checked against it
+
+
+@dataclass
+class T2IConfig:
+    """Sizes of every component. Plain values: change one, retrain with the recipe."""
+
+    image_size: int = shapes.IMAGE_SIZE
+    # Text encoders (CLIP): two, as SDXL; the second carries the pooled projection.
+    text_hidden: int = 64
+    text_layers: int = 2
+    text_heads: int = 2
+    text_projection: int = 64
+    max_tokens: int = 48
+    # VAE: 2 levels -> downsampling by 2, 64 x 64 image -> 32 x 32 latent.
+    vae_channels: tuple[int, ...] = (16, 32)
+    latent_channels: int = 4
+    # UNet: SDXL's block types; down_blocks.2 sees latent / 4 = 8 x 8 positions.
+    unet_channels: tuple[int, int, int] = (16, 32, 64)
+    unet_heads: tuple[int, int, int] = (1, 2, 4)
+    time_embed: int = 8  # per added-time number (SDXL: 256)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def build_tokenizer_files(directory: Path, max_tokens: int) -> None:
+    """Write a CLIP BPE tokenizer whose whole words are the shapes world's vocabulary.
+
+    Each word is one token (`circle</w>`), made by merges from its letters, so the
+    standard `CLIPTokenizer` reads it; a word outside the world falls apart into letters
+    and is rejected by the vocabulary check before generation.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    words = shapes.vocabulary() + [","]
+    vocab: dict[str, int] = {}
+
+    def add(token: str) -> None:
+        vocab.setdefault(token, len(vocab))
+
+    for c in "abcdefghijklmnopqrstuvwxyz,":
+        add(c)
+        add(c + "</w>")
+    merges: list[str] = []
+    for word in words:
+        pieces = list(word[:-1]) + [word[-1] + "</w>"]
+        while len(pieces) > 1:
+            merge = f"{pieces[0]} {pieces[1]}"
+            if merge not in merges:
+                merges.append(merge)
+            pieces = [pieces[0] + pieces[1]] + pieces[2:]
+            add(pieces[0])
+    for special in SPECIAL_TOKENS:
+        add(special)
+    (directory / "vocab.json").write_text(json.dumps(vocab, indent=0))
+    (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "CLIPTokenizer",
+        "model_max_length": max_tokens,
+        "bos_token": SPECIAL_TOKENS[0],
+        "eos_token": SPECIAL_TOKENS[1],
+        "unk_token": SPECIAL_TOKENS[1],
+        "pad_token": SPECIAL_TOKENS[1],
+        "do_lower_case": True,
+    }, indent=2))
+    (directory / VOCABULARY_FILE).write_text(json.dumps(shapes.vocabulary()))
+
+
+def build_pipeline(config: T2IConfig, tokenizer_dir: Path):
+    """A randomly initialised pipeline of the given sizes (float32, CPU)."""
+    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    tokenizer = CLIPTokenizer.from_pretrained(str(tokenizer_dir))
+    text_config = CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=config.text_hidden, intermediate_size=4 * config.text_hidden,
+        num_hidden_layers=config.text_layers, num_attention_heads=config.text_heads,
+        max_position_embeddings=config.max_tokens, projection_dim=config.text_projection,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, hidden_act="gelu",
+    )
+    text_encoder = CLIPTextModel(text_config)
+    text_encoder_2 = CLIPTextModelWithProjection(text_config)
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, latent_channels=config.latent_channels,
+        down_block_types=("DownEncoderBlock2D",) * len(config.vae_channels),
+        up_block_types=("UpDecoderBlock2D",) * len(config.vae_channels),
+        block_out_channels=config.vae_channels, layers_per_block=1, norm_num_groups=8,
+        sample_size=config.image_size,
+    )
+    unet = UNet2DConditionModel(
+        sample_size=config.image_size // 2 ** (len(config.vae_channels) - 1),
+        in_channels=config.latent_channels, out_channels=config.latent_channels,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        mid_block_type="UNetMidBlock2DCrossAttn",
+        block_out_channels=config.unet_channels, layers_per_block=2,
+        transformer_layers_per_block=1, attention_head_dim=config.unet_heads,
+        cross_attention_dim=2 * config.text_hidden, norm_num_groups=8, use_linear_projection=True,
+        addition_embed_type="text_time", addition_time_embed_dim=config.time_embed,
+        projection_class_embeddings_input_dim=config.text_projection + 6 * config.time_embed,
+    )
+    scheduler = EulerDiscreteScheduler(
+        num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+        prediction_type="sample", timestep_spacing="trailing", steps_offset=1,
+    )
+    return StableDiffusionXLPipeline(
+        vae=vae, text_encoder=text_encoder, text_encoder_2=text_encoder_2, tokenizer=tokenizer,
+        tokenizer_2=tokenizer, unet=unet, scheduler=scheduler, force_zeros_for_empty_prompt=True,
+    )

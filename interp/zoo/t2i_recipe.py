@@ -1,0 +1,264 @@
+"""Recipe of the embedded text-to-image model, read top to bottom.
+
+1. Render a data set of shapes-world scenes from the training split (the held-out
+   attribute combinations are never rendered here).
+2. Train the VAE to reconstruct those images; set its latent scaling factor.
+3. Encode every image once, then train both text encoders and the UNet together to
+   predict the clean latent from a noised one and a caption whose wording is drawn anew
+   each time. Half the batches use the largest noise level, the one step of one-step
+   generation; the rest cover every level so that several steps work too.
+4. Save the pipeline with `save_pretrained` (fp16 safetensors).
+
+Checkpoints are written atomically every `checkpoint_every` steps; running the same
+command again resumes from the last one.
+
+    python -m interp.zoo train t2i --out runs/t2i --vae-steps 1500 --unet-steps 6000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from . import shapes
+from .t2i import T2IConfig, build_pipeline, build_tokenizer_files
+
+TIME_IDS = (64, 64, 0, 0, 64, 64)  # original size, crop top-left, target size: SDXL's six numbers
+
+
+@dataclass
+class RecipeConfig:
+    model: T2IConfig = field(default_factory=T2IConfig)
+    seed: int = 0
+    n_scenes: int = 30000
+    object_count_weights: tuple[float, float, float] = (0.4, 0.3, 0.3)
+    vae_steps: int = 1500
+    vae_batch: int = 16
+    vae_lr: float = 2e-3
+    vae_kl_weight: float = 1e-6
+    unet_steps: int = 6000
+    unet_batch: int = 32
+    unet_lr: float = 1e-3
+    warmup: int = 200
+    one_step_share: float = 0.5   # share of samples at the largest noise level
+    empty_prompt_share: float = 0.05  # unconditional samples, for classifier-free guidance
+    checkpoint_every: int = 250
+    threads: int = 2
+
+
+def render_dataset(cfg: RecipeConfig) -> tuple[list[shapes.Scene], np.ndarray]:
+    """Scenes of the training split and their images, (n, 64, 64, 3) uint8."""
+    rng = np.random.default_rng(cfg.seed)
+    counts = rng.choice([1, 2, 3], size=cfg.n_scenes, p=np.asarray(cfg.object_count_weights))
+    scenes = [shapes.sample_split(rng, "train", int(n)) for n in tqdm(counts, desc="scenes", leave=False)]
+    images = np.stack([shapes.render(s, cfg.model.image_size) for s in tqdm(scenes, desc="render", leave=False)])
+    return scenes, images
+
+
+def to_pixels(images: np.ndarray) -> torch.Tensor:
+    """uint8 (n, H, W, 3) -> float (n, 3, H, W) in [-1, 1], as the VAE expects."""
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a crash mid-write never replaces a good checkpoint
+
+
+def load_checkpoint(path: Path, cfg: RecipeConfig) -> dict | None:
+    if not path.exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("config") != json.dumps(asdict(cfg), sort_keys=True):
+        raise SystemExit(f"{path} was written by a different recipe configuration; "
+                         f"use another --out or delete it to start over")
+    return state
+
+
+def train_vae(pipe, images: np.ndarray, cfg: RecipeConfig, out: Path, log) -> None:
+    vae = pipe.vae
+    ckpt = out / "vae.ckpt"
+    opt = torch.optim.AdamW(vae.parameters(), lr=cfg.vae_lr, weight_decay=0.0)
+    state = load_checkpoint(ckpt, cfg)
+    start = 0
+    if state is not None:
+        vae.load_state_dict(state["vae"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+    rng = np.random.default_rng(cfg.seed + 1 + start)
+    vae.train()
+    for step in tqdm(range(start, cfg.vae_steps), desc="vae", initial=start, total=cfg.vae_steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg.vae_steps, cfg.vae_lr, cfg.warmup)
+        x = to_pixels(images[rng.integers(len(images), size=cfg.vae_batch)])
+        posterior = vae.encode(x).latent_dist
+        recon = vae.decode(posterior.sample()).sample
+        mse = F.mse_loss(recon, x)
+        kl = posterior.kl().mean()
+        loss = mse + cfg.vae_kl_weight * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if (step + 1) % 50 == 0:
+            log({"stage": "vae", "step": step + 1, "mse": mse.item(), "kl": kl.item()})
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.vae_steps:
+            save_checkpoint(ckpt, {"vae": vae.state_dict(), "opt": opt.state_dict(), "step": step + 1,
+                                   "config": json.dumps(asdict(cfg), sort_keys=True)})
+    vae.eval()
+
+
+@torch.no_grad()
+def encode_latents(vae, images: np.ndarray, batch: int = 256) -> torch.Tensor:
+    """Posterior means, unscaled, (n, C, h, w)."""
+    return torch.cat([vae.encode(to_pixels(images[i:i + batch])).latent_dist.mean
+                      for i in tqdm(range(0, len(images), batch), desc="encode", leave=False)])
+
+
+def encode_text(pipe, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pipeline's own prompt encoding, with gradients: (B, T, 2 * hidden) and (B, projection)."""
+    embeds, _, pooled, _ = pipe.encode_prompt(prompts, device=torch.device("cpu"), num_images_per_prompt=1,
+                                              do_classifier_free_guidance=False)
+    return embeds, pooled
+
+
+def train_unet(pipe, scenes, latents: torch.Tensor, cfg: RecipeConfig, out: Path, log, probe_every: int = 500) -> None:
+    modules = torch.nn.ModuleDict({"unet": pipe.unet, "text_encoder": pipe.text_encoder,
+                                   "text_encoder_2": pipe.text_encoder_2})
+    ckpt = out / "unet.ckpt"
+    opt = torch.optim.AdamW(modules.parameters(), lr=cfg.unet_lr, weight_decay=0.01)
+    state = load_checkpoint(ckpt, cfg)
+    start = 0
+    if state is not None:
+        modules.load_state_dict(state["modules"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+    sched = pipe.scheduler
+    alphas_cumprod = sched.alphas_cumprod
+    sigmas_all = ((1 - alphas_cumprod) / alphas_cumprod).sqrt()
+    max_t = sched.config.num_train_timesteps - 1
+    time_ids = torch.tensor([TIME_IDS], dtype=torch.float32)
+    rng = np.random.default_rng(cfg.seed + 2 + start)
+    modules.train()
+    bar = tqdm(range(start, cfg.unet_steps), desc="unet", initial=start, total=cfg.unet_steps)
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg.unet_steps, cfg.unet_lr, cfg.warmup)
+        idx = rng.integers(len(scenes), size=cfg.unet_batch)
+        prompts = ["" if rng.random() < cfg.empty_prompt_share else shapes.caption(scenes[i], rng) for i in idx]
+        x0 = latents[idx]
+        t = torch.from_numpy(np.where(rng.random(cfg.unet_batch) < cfg.one_step_share, max_t,
+                                      rng.integers(0, max_t + 1, size=cfg.unet_batch)))
+        sigma = sigmas_all[t].view(-1, 1, 1, 1)
+        noise = torch.from_numpy(rng.standard_normal(x0.shape).astype(np.float32))
+        model_input = (x0 + sigma * noise) / (sigma ** 2 + 1).sqrt()  # Euler's scale_model_input
+        embeds, pooled = encode_text(pipe, prompts)
+        pred = pipe.unet(model_input, t, embeds, added_cond_kwargs={
+            "text_embeds": pooled, "time_ids": time_ids.expand(len(idx), -1)}).sample
+        loss = F.mse_loss(pred, x0)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(modules.parameters(), 1.0)
+        opt.step()
+        bar.set_postfix(loss=f"{loss.item():.4f}")
+        if (step + 1) % 50 == 0:
+            log({"stage": "unet", "step": step + 1, "loss": loss.item(), "lr": opt.param_groups[0]["lr"]})
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.unet_steps:
+            save_checkpoint(ckpt, {"modules": modules.state_dict(), "opt": opt.state_dict(), "step": step + 1,
+                                   "config": json.dumps(asdict(cfg), sort_keys=True)})
+        if probe_every and (step + 1) % probe_every == 0:
+            modules.eval()
+            scores = evaluate(pipe, n_per_count={1: 48}, seed=123, progress=False)
+            log({"stage": "unet", "step": step + 1, "probe": scores["1"]})
+            modules.train()
+    modules.eval()
+
+
+@torch.no_grad()
+def evaluate(pipe, n_per_count: dict[int, int], seed: int = 0, steps: int = 1, batch: int = 50,
+             progress: bool = True) -> dict:
+    """Probe accuracy of one-step generations from held-out captions (one seed each).
+
+    Returns {"1": {attribute: accuracy, ...}, "2": ..., "3": ...}.
+    """
+    probe = shapes.AttributeProbe()
+    rng = np.random.default_rng(seed)
+    results = {}
+    for n_objects, n in n_per_count.items():
+        scenes = [shapes.sample_split(rng, "held_out", n_objects) for _ in range(n)]
+        captions = [shapes.caption(s, rng) for s in scenes]
+        scores = []
+        for i in tqdm(range(0, n, batch), desc=f"eval {n_objects} object(s)", disable=not progress, leave=False):
+            gens = [torch.Generator().manual_seed(seed * 100003 + i + j) for j in range(len(captions[i:i + batch]))]
+            images = pipe(captions[i:i + batch], num_inference_steps=steps, guidance_scale=0.0, generator=gens,
+                          output_type="np").images
+            scores += [probe.score((img * 255).round().astype(np.uint8), s) for img, s in zip(images, scenes[i:i + batch])]
+        results[str(n_objects)] = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]} | {"n": n}
+    return results
+
+
+def set_scaling_factor(pipe, latents: torch.Tensor) -> None:
+    factor = float(1.0 / latents.std())
+    pipe.vae.register_to_config(scaling_factor=factor)
+
+
+def main(args: argparse.Namespace) -> None:
+    cfg = RecipeConfig(seed=args.seed, n_scenes=args.scenes, vae_steps=args.vae_steps,
+                       unet_steps=args.unet_steps, unet_batch=args.batch, threads=args.threads)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recipe.json").write_text(json.dumps(asdict(cfg), indent=2))
+    log_file = open(out / "log.jsonl", "a")
+
+    def log(record: dict) -> None:
+        record["time"] = round(time.time(), 1)
+        log_file.write(json.dumps(record) + "\n")
+        log_file.flush()
+
+    build_tokenizer_files(out / "tokenizer", cfg.model.max_tokens)
+    pipe = build_pipeline(cfg.model, out / "tokenizer")
+    pipe.set_progress_bar_config(disable=True)
+    scenes, images = render_dataset(cfg)
+    train_vae(pipe, images, cfg, out, log)
+    latents = encode_latents(pipe.vae, images)
+    set_scaling_factor(pipe, latents)
+    latents = latents * pipe.vae.config.scaling_factor
+    del images
+    train_unet(pipe, scenes, latents, cfg, out, log, probe_every=args.probe_every)
+    final = Path(args.save_to) if args.save_to else out / "pipeline"
+    pipe.to(torch.float16).save_pretrained(final, safe_serialization=True)
+    (final / "tokenizer" / "vocabulary.json").write_text(json.dumps(shapes.vocabulary()))
+    (final / "tokenizer_2" / "vocabulary.json").write_text(json.dumps(shapes.vocabulary()))
+    (final / "recipe.json").write_text(json.dumps(asdict(cfg), indent=2))
+    print(f"saved the pipeline to {final}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="runs/t2i", help="run directory: checkpoints, log.jsonl")
+    parser.add_argument("--save-to", default=None, help="where to save the final pipeline (default OUT/pipeline)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scenes", type=int, default=RecipeConfig.n_scenes)
+    parser.add_argument("--vae-steps", type=int, default=RecipeConfig.vae_steps)
+    parser.add_argument("--unet-steps", type=int, default=RecipeConfig.unet_steps)
+    parser.add_argument("--batch", type=int, default=RecipeConfig.unet_batch)
+    parser.add_argument("--threads", type=int, default=RecipeConfig.threads)
+    parser.add_argument("--probe-every", type=int, default=500, help="probe accuracy every N UNet steps (0: never)")

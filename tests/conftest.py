@@ -1,0 +1,19 @@
+"""Shared fixtures: the embedded models, loaded once per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(scope="session")
+def toy_t2i():
+    """The embedded text-to-image model (float32, CPU)."""
+    from interp.models import load_t2i
+
+    return load_t2i("toy", device="cpu")
