@@ -1,0 +1,40 @@
+"""`python -m interp.zoo evaluate`: probe accuracy of one-step generations from held-out captions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .shapes import ATTRIBUTES
+
+COLUMNS = ("shape", "colour", "background", "position", "size", "texture", "no_extra_objects", "all")
+
+
+def markdown_table(results: dict) -> str:
+    lines = ["| objects | n | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 2) + "|"]
+    for count, scores in results.items():
+        cells = " | ".join(f"{scores[c]:.3f}" for c in COLUMNS)
+        lines.append(f"| {count} | {scores['n']} | {cells} |")
+    return "\n".join(lines)
+
+
+def evaluate_command(args) -> int:
+    from ..models import ModelError, load_t2i
+    from .t2i_recipe import evaluate
+
+    try:
+        model = load_t2i(args.model, device="cpu")
+    except ModelError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    results = evaluate(model.pipe, {1: args.n, 2: args.n // 2, 3: args.n // 2}, seed=args.seed)
+    table = markdown_table(results)
+    print(table)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "t2i_eval.json").write_text(json.dumps({"model": args.model, "seed": args.seed, "steps": 1,
+                                                        "attributes": list(ATTRIBUTES), "results": results}, indent=2))
+        (out / "t2i_eval.md").write_text(table + "\n")
+    return 0
