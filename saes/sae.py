@@ -1,0 +1,233 @@
+"""The inference SAE: encode, decode, decoder directions; saved and loaded in sae-lens' format.
+
+Kept apart from training state (as sae-lens does) so that an intervention hook only needs
+`encode` / `decode` on (positions, channels) tensors. Architectures:
+
+    topk      latents = ReLU(TopK_k(pre))                       (our trainer, SDXL Turbo SAEs)
+    jumprelu  latents = pre * (pre > threshold)                 (sae-lens JumpReLU; BatchTopK saves as this)
+    standard  latents = ReLU(pre)                               (sae-lens L1 SAE)
+
+with pre = (x - b_dec) @ W_enc + b_enc (b_dec subtracted only if apply_b_dec_to_input) and
+reconstruction = latents @ W_dec + b_dec. Weight layout and file names are sae-lens':
+W_enc (d_in, d_sae), b_enc (d_sae,), W_dec (d_sae, d_in), b_dec (d_in,), threshold (d_sae,).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+CFG_FILENAME = "cfg.json"
+WEIGHTS_FILENAME = "sae_weights.safetensors"
+FEATURE_STATS_FILENAME = "feature_stats.safetensors"  # ours: per-feature mean/std activation, optional
+ARCHITECTURES = ("topk", "jumprelu", "standard")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+class SAEFormatError(ValueError):
+    """A directory that is not a loadable SAE, with the reason."""
+
+
+@dataclass
+class SAEConfig:
+    architecture: str
+    d_in: int
+    d_sae: int
+    k: int | None = None  # topk only
+    apply_b_dec_to_input: bool = True
+    dtype: str = "float32"
+    metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, training figures
+
+    def __post_init__(self):
+        if self.architecture not in ARCHITECTURES:
+            raise SAEFormatError(f"unknown SAE architecture {self.architecture!r}; known: {', '.join(ARCHITECTURES)}")
+        if self.architecture == "topk" and not (self.k and 0 < self.k <= self.d_sae):
+            raise SAEFormatError(f"a topk SAE needs 0 < k <= d_sae, got k={self.k}, d_sae={self.d_sae}")
+
+    def to_sae_lens_dict(self) -> dict:
+        """cfg.json as sae-lens writes it for this architecture (unknown keys are ignored there)."""
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            lens_version = version("sae-lens")
+        except PackageNotFoundError:
+            lens_version = "6.0.0"
+        cfg = {"architecture": self.architecture, "d_in": self.d_in, "d_sae": self.d_sae, "dtype": self.dtype,
+               "device": "cpu", "apply_b_dec_to_input": self.apply_b_dec_to_input, "normalize_activations": "none",
+               "reshape_activations": "none",
+               "metadata": {"sae_lens_version": lens_version, "sae_lens_training_version": lens_version,
+                            **self.metadata}}
+        if self.architecture == "topk":
+            cfg.update(k=self.k, rescale_acts_by_decoder_norm=False)
+        return cfg
+
+
+class SAE(nn.Module):
+    """Inference SAE. Accepts any leading shape: x (..., d_in) -> latents (..., d_sae)."""
+
+    def __init__(self, cfg: SAEConfig):
+        super().__init__()
+        self.cfg = cfg
+        dtype = _DTYPES[cfg.dtype]
+        self.W_enc = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, dtype=dtype), requires_grad=False)
+        self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype), requires_grad=False)
+        self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, dtype=dtype), requires_grad=False)
+        self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, dtype=dtype), requires_grad=False)
+        if cfg.architecture == "jumprelu":
+            self.threshold = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype), requires_grad=False)
+        # Per-feature mean / std activation when firing (the natural edit strength); optional.
+        self.feature_mean: torch.Tensor | None = None
+        self.feature_std: torch.Tensor | None = None
+
+    # ----- the math -----------------------------------------------------------------------
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.shape[-1] != self.cfg.d_in:
+            raise ValueError(f"SAE expects {self.cfg.d_in} channels in the last dimension, got shape {tuple(x.shape)}")
+
+    def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., d_in) -> (..., d_sae)."""
+        self._check_input(x)
+        x = x.to(self.W_enc.dtype)
+        if self.cfg.apply_b_dec_to_input:
+            x = x - self.b_dec
+        return x @ self.W_enc + self.b_enc
+
+    def encode_sparse(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """TopK only: x (..., d_in) -> (values, indices), each (..., k); no dense latents built."""
+        if self.cfg.architecture != "topk":
+            raise ValueError(f"encode_sparse needs a topk SAE, this one is {self.cfg.architecture}")
+        top = self.pre_activations(x).topk(self.cfg.k, dim=-1, sorted=False)
+        return top.values.relu(), top.indices
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., d_in) -> latents (..., d_sae), non-negative and sparse."""
+        pre = self.pre_activations(x)
+        if self.cfg.architecture == "topk":
+            top = pre.topk(self.cfg.k, dim=-1, sorted=False)
+            return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
+        if self.cfg.architecture == "jumprelu":
+            return pre.relu() * (pre > self.threshold)
+        return pre.relu()
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """latents: (..., d_sae) -> reconstruction (..., d_in)."""
+        if latents.shape[-1] != self.cfg.d_sae:
+            raise ValueError(f"SAE has {self.cfg.d_sae} latents, got shape {tuple(latents.shape)}")
+        return latents.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., d_in) -> reconstruction (..., d_in)."""
+        return self.decode(self.encode(x))
+
+    def decoder_directions(self) -> torch.Tensor:
+        """(d_sae, d_in): row f is what adding one unit of feature f writes into the block's output."""
+        return self.W_dec
+
+    # ----- files ----------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write cfg.json + sae_weights.safetensors (sae-lens format) into directory `path`.
+        Each file is written to a temporary name and renamed, so a crash leaves the old file."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tensors = {name: p.detach().contiguous() for name, p in self.named_parameters()}
+        _atomic_write(path / WEIGHTS_FILENAME, lambda tmp: save_file(tensors, tmp))
+        if self.feature_mean is not None:
+            stats = {"mean": self.feature_mean.contiguous()}
+            if self.feature_std is not None:
+                stats["std"] = self.feature_std.contiguous()
+            _atomic_write(path / FEATURE_STATS_FILENAME, lambda tmp: save_file(stats, tmp))
+        text = json.dumps(self.cfg.to_sae_lens_dict(), indent=2)
+        _atomic_write(path / CFG_FILENAME, lambda tmp: Path(tmp).write_text(text))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, dtype: str | None = None) -> "SAE":
+        """Load a sae-lens format directory (ours, or one written by sae-lens' save methods)."""
+        path = Path(path)
+        cfg_path, weights_path = path / CFG_FILENAME, path / WEIGHTS_FILENAME
+        if not cfg_path.is_file() or not weights_path.is_file():
+            raise SAEFormatError(f"{path} is not an SAE directory: it needs {CFG_FILENAME} and {WEIGHTS_FILENAME}")
+        try:
+            raw = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as err:
+            raise SAEFormatError(f"{cfg_path} is not valid JSON: {err}") from err
+        weights = load_file(str(weights_path))
+        sae = cls.from_sae_lens(raw, weights, dtype=dtype)
+        stats_path = path / FEATURE_STATS_FILENAME
+        if stats_path.is_file():
+            stats = load_file(str(stats_path))
+            sae.feature_mean, sae.feature_std = stats.get("mean"), stats.get("std")
+        return sae
+
+    @classmethod
+    def from_sae_lens(cls, raw_cfg: dict, weights: dict[str, torch.Tensor], dtype: str | None = None) -> "SAE":
+        """Build from a sae-lens cfg dict and state dict, folding what sae-lens leaves unfolded
+        (decoder-norm rescaling of TopK / BatchTopK training checkpoints)."""
+        architecture = raw_cfg.get("architecture", "standard")
+        for key in ("d_in", "d_sae"):
+            if key not in raw_cfg:
+                raise SAEFormatError(f"cfg.json lacks {key!r}")
+        if raw_cfg.get("normalize_activations", "none") not in ("none", None):
+            raise SAEFormatError(f"activation normalisation {raw_cfg['normalize_activations']!r} is not folded into "
+                                 "the weights; fold it in sae-lens before saving")
+        if raw_cfg.get("reshape_activations", "none") not in ("none", None):
+            raise SAEFormatError(f"reshape_activations={raw_cfg['reshape_activations']!r} is not supported")
+        weights = {name: t.float() for name, t in weights.items()}
+        missing = {"W_enc", "b_enc", "W_dec", "b_dec"} - set(weights)
+        if missing:
+            raise SAEFormatError(f"weights lack {sorted(missing)}")
+        if raw_cfg.get("rescale_acts_by_decoder_norm", False):
+            norms = weights["W_dec"].norm(dim=1).clamp_min(1e-8)
+            weights["W_enc"] = weights["W_enc"] * norms
+            weights["b_enc"] = weights["b_enc"] * norms
+            weights["W_dec"] = weights["W_dec"] / norms[:, None]
+            # A BatchTopK threshold already applies to the rescaled pre-activations: unchanged.
+        k = None
+        if architecture == "topk":
+            k = int(raw_cfg["k"])
+        elif architecture == "batchtopk":  # a BatchTopK training checkpoint runs as JumpReLU at inference
+            architecture = "jumprelu"
+            if "threshold" not in weights:
+                if "topk_threshold" not in weights:
+                    raise SAEFormatError("batchtopk weights lack topk_threshold")
+                weights["threshold"] = weights.pop("topk_threshold").expand(raw_cfg["d_sae"]).clone()
+        elif architecture not in ARCHITECTURES:
+            raise SAEFormatError(f"sae-lens architecture {architecture!r} is not supported here; "
+                                 f"supported: {', '.join(ARCHITECTURES)}, batchtopk")
+        metadata = dict(raw_cfg.get("metadata") or {})
+        if "hook_name" in raw_cfg and "hook_name" not in metadata:
+            metadata["hook_name"] = raw_cfg["hook_name"]
+        cfg = SAEConfig(architecture=architecture, d_in=int(raw_cfg["d_in"]), d_sae=int(raw_cfg["d_sae"]), k=k,
+                        apply_b_dec_to_input=bool(raw_cfg.get("apply_b_dec_to_input", True)),
+                        dtype=dtype or "float32", metadata=metadata)
+        sae = cls(cfg)
+        expected = dict(sae.named_parameters())
+        for name, param in expected.items():
+            if weights[name].shape != param.shape:
+                raise SAEFormatError(f"weight {name} has shape {tuple(weights[name].shape)}, "
+                                     f"cfg.json implies {tuple(param.shape)}")
+            param.data.copy_(weights[name])
+        return sae
+
+    def config_dict(self) -> dict:
+        return asdict(self.cfg)
+
+
+def _atomic_write(target: Path, write) -> None:
+    """Call write(temp_path) then rename over target: readers see the old file or the new one."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,218 @@
+"""Training loop: any iterable of (batch, d_in) float tensors -> an SAE directory.
+
+    out/
+      cfg.json, sae_weights.safetensors   the trained SAE (sae-lens format), written at the end
+      checkpoint.pt                       trainer state; replaced atomically, resumed from
+      train_log.jsonl                     one JSON line per logged step
+      train_summary.json                  the config and final metrics
+
+Resuming replays the stream up to where the run stopped (the skipped batches are read but
+not trained on), so a resumed run sees the same data as an uninterrupted one. Under
+`torchrun` (DDP) every rank passes its own shard of the stream; rank 0 writes the files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from .sae import SAE
+from .trainers import TRAINERS, make_trainer
+
+CHECKPOINT_FILENAME = "checkpoint.pt"
+LOG_FILENAME = "train_log.jsonl"
+SUMMARY_FILENAME = "train_summary.json"
+CHECKPOINT_FORMAT = 1
+# Fields that may change between a run and its resumption (how long, how often to report).
+RESUMABLE_CHANGES = ("total_tokens", "log_every_steps", "checkpoint_every_steps")
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint in the output directory was made with a different config."""
+
+
+@dataclass
+class TrainConfig:
+    """One SAE training run. options: architecture-specific settings (see saes.trainers)."""
+
+    architecture: str = "topk"
+    d_in: int = 1280
+    d_sae: int = 5120
+    k: int = 10
+    batch_size: int = 4096
+    lr: float = 1e-4
+    total_tokens: int = 20_000_000
+    dead_after_tokens: int = 10_000_000
+    options: dict = field(default_factory=dict)
+    log_every_steps: int = 10
+    checkpoint_every_steps: int = 100
+    seed: int = 0
+    metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, store path
+
+    def validate(self) -> "TrainConfig":
+        if self.architecture not in TRAINERS:
+            raise ValueError(f"unknown architecture {self.architecture!r}; choose one of {', '.join(sorted(TRAINERS))}")
+        if self.architecture in ("topk", "batchtopk", "lens-topk") and not 0 < self.k <= self.d_sae:
+            raise ValueError(f"k={self.k} must be between 1 and the number of latents d_sae={self.d_sae}")
+        for name in ("d_in", "d_sae", "batch_size", "total_tokens", "dead_after_tokens", "log_every_steps",
+                     "checkpoint_every_steps"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "TrainConfig":
+        return cls(**values).validate()
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def check_batch(batch: torch.Tensor, d_in: int, step: int) -> torch.Tensor:
+    """Clear errors for activations the SAE cannot train on; returns float32 (batch, d_in)."""
+    if not isinstance(batch, torch.Tensor):
+        raise TypeError(f"batch {step}: expected a torch.Tensor, got {type(batch).__name__}")
+    if batch.ndim != 2 or batch.shape[1] != d_in:
+        raise ValueError(f"batch {step}: activations have shape {tuple(batch.shape)}, but the SAE expects "
+                         f"(batch, {d_in}); d_in must match the block's channel count")
+    batch = batch.float()
+    if not torch.isfinite(batch).all():
+        bad = int((~torch.isfinite(batch)).sum())
+        raise ValueError(f"batch {step}: activations contain {bad} NaN or Inf values")
+    return batch
+
+
+def atomic_torch_save(obj, target: Path) -> None:
+    """torch.save to a temporary file, then os.replace: a crash never leaves a half-written target."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path: Path, config: TrainConfig) -> dict:
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointMismatchError(f"{path} is not a checkpoint of this trainer (format {state.get('format')})")
+    saved, current = dict(state["config"]), config.to_dict()
+    differing = sorted(key for key in set(saved) | set(current)
+                       if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key))
+    if differing:
+        details = "; ".join(f"{key}: checkpoint {saved.get(key)!r} vs now {current.get(key)!r}" for key in differing)
+        raise CheckpointMismatchError(f"{path} was made with a different config ({details}). "
+                                      "Use another --out directory, or delete the checkpoint to start over.")
+    return state
+
+
+def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | os.PathLike,
+          resume: bool = True, progress: bool = True) -> SAE:
+    """Train until config.total_tokens (counted over all ranks); returns the inference SAE."""
+    config.validate()
+    rank, world = _rank_and_world()
+    out = Path(out_dir)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    if world > 1 and config.architecture != "topk":
+        raise ValueError(f"data-parallel training supports the topk architecture only, not {config.architecture!r}")
+    trainer = make_trainer(config)
+    checkpoint_path = out / CHECKPOINT_FILENAME
+    step, tokens_seen = 0, 0
+    if resume and checkpoint_path.is_file():
+        state = load_checkpoint(checkpoint_path, config)
+        trainer.load_state_dict(state["trainer"])
+        step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
+    elif checkpoint_path.is_file() and rank == 0:
+        checkpoint_path.unlink()
+    if world > 1:
+        dist.barrier()
+
+    def save_checkpoint() -> None:
+        if rank == 0:
+            atomic_torch_save({"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "step": step,
+                               "tokens_seen": tokens_seen, "trainer": trainer.state_dict()}, checkpoint_path)
+        if world > 1:
+            dist.barrier()
+
+    stream: Iterator[torch.Tensor] = iter(batches)
+    for skipped in range(step):  # replay what the interrupted run already trained on
+        if next(stream, None) is None:
+            raise ValueError(f"the activation stream ended after {skipped} batches while resuming at step {step}")
+
+    bar = None
+    if progress and rank == 0:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=config.total_tokens, initial=min(tokens_seen, config.total_tokens), unit="tok",
+                   unit_scale=True, desc=f"train {config.architecture}")
+    log_file = open(out / LOG_FILENAME, "a") if rank == 0 else None
+    metrics: dict[str, float] = {}
+    started, tokens_at_start = time.perf_counter(), tokens_seen
+    try:
+        while tokens_seen < config.total_tokens:
+            batch = next(stream, None)
+            if batch is None:
+                if step == 0:
+                    raise ValueError("the activation stream is empty")
+                break  # the stream ran out: finish with what was seen
+            batch = check_batch(batch, config.d_in, step)
+            if step == 0:
+                trainer.prepare(batch)
+            metrics = trainer.step(batch)
+            if not math.isfinite(metrics["loss"]):
+                raise FloatingPointError(f"step {step}: the loss became {metrics['loss']}; lower the learning rate")
+            step += 1
+            n_tokens = batch.shape[0] * world
+            tokens_seen += n_tokens
+            if bar is not None:
+                bar.update(n_tokens)
+            if step % config.log_every_steps == 0 or tokens_seen >= config.total_tokens:
+                record = {"step": step, "tokens": tokens_seen, **metrics, "dead_features": trainer.n_dead(),
+                          "tokens_per_s": (tokens_seen - tokens_at_start) / max(time.perf_counter() - started, 1e-9)}
+                if log_file is not None:
+                    log_file.write(json.dumps(record) + "\n")
+                    log_file.flush()
+                if bar is not None:
+                    bar.set_postfix(loss=f"{metrics['loss']:.4f}", ev=f"{metrics['explained_variance']:.3f}",
+                                    l0=f"{metrics['l0']:.1f}", dead=record["dead_features"])
+            if step % config.checkpoint_every_steps == 0:
+                save_checkpoint()
+    except KeyboardInterrupt:
+        if step > 0:
+            save_checkpoint()  # the interrupted run resumes from here
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        if log_file is not None:
+            log_file.close()
+    save_checkpoint()
+    sae = trainer.to_inference(**config.metadata, architecture_trained=config.architecture,
+                               trained_tokens=tokens_seen)
+    if rank == 0:
+        sae.save(out)
+        summary = {"config": config.to_dict(), "steps": step, "tokens": tokens_seen,
+                   "final_metrics": {**metrics, "dead_features": trainer.n_dead()}}
+        (out / SUMMARY_FILENAME).write_text(json.dumps(summary, indent=2))
+    if world > 1:
+        dist.barrier()
+    return sae

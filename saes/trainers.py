@@ -1,0 +1,187 @@
+"""Architecture trainers, registered by name: our fast TopK, and sae-lens' own architectures.
+
+Every trainer takes one (batch, d_in) float tensor per `step`, returns plain-number metrics,
+saves and restores its whole state (`state_dict` / `load_state_dict`, tensors and numbers only,
+so checkpoints load with weights_only=True), and hands over an inference `SAE`.
+A new architecture is added by decorating a class with `@register_trainer("name")`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .sae import SAE
+from .topk import TopKConfig, TrainingTopKSAE, remove_parallel_gradient_, set_decoder_unit_norm_
+
+TRAINERS: dict[str, Callable] = {}
+
+
+def register_trainer(name: str):
+    def decorate(cls):
+        TRAINERS[name] = cls
+        cls.architecture = name
+        return cls
+    return decorate
+
+
+def make_trainer(config) -> "TopKTrainer | LensTrainer":
+    """config: saes.train.TrainConfig."""
+    if config.architecture not in TRAINERS:
+        raise ValueError(f"unknown architecture {config.architecture!r}; choose one of {', '.join(sorted(TRAINERS))}")
+    return TRAINERS[config.architecture](config)
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+@register_trainer("topk")
+class TopKTrainer:
+    """Our sparse-kernel TopK trainer (Adam, unit-norm decoder, AuxK); data-parallel under DDP."""
+
+    def __init__(self, config):
+        options = dict(config.options)
+        self.cfg = TopKConfig(d_in=config.d_in, d_sae=config.d_sae, k=config.k, batch_size=config.batch_size,
+                              lr=config.lr, dead_after_tokens=config.dead_after_tokens, seed=config.seed,
+                              **options).validate()
+        self.sae = TrainingTopKSAE(self.cfg)
+        self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=self.cfg.lr,
+                                          betas=(self.cfg.adam_beta1, self.cfg.adam_beta2), eps=self.cfg.adam_eps)
+        self._model = None  # the DDP wrapper (or the SAE itself), made at the first step
+
+    def prepare(self, first_batch: torch.Tensor) -> None:
+        """Fresh run only: b_pre at the geometric median of the first batch (rank 0's, under DDP)."""
+        self.sae.initialise_pre_bias_(first_batch)
+
+    def _forward_module(self):
+        if self._model is None:
+            if _distributed():
+                # DDP broadcasts rank 0's parameters here, so every rank starts identical.
+                self._model = torch.nn.parallel.DistributedDataParallel(self.sae, broadcast_buffers=False)
+            else:
+                self._model = self.sae
+        return self._model
+
+    def step(self, batch: torch.Tensor) -> dict[str, float]:
+        out = self._forward_module()(batch)
+        out["loss"].backward()
+        remove_parallel_gradient_(self.sae.decoder_weight)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        set_decoder_unit_norm_(self.sae.decoder_weight.data)
+        active = out["latent_values"] > 0
+        fired = torch.zeros(self.cfg.d_sae, dtype=torch.int32)
+        fired[out["latent_index"][active]] = 1
+        n_tokens = torch.tensor(batch.shape[0])
+        if _distributed():
+            dist.all_reduce(fired, op=dist.ReduceOp.MAX)
+            dist.all_reduce(n_tokens)
+        self.sae.record_firing_(fired.bool(), int(n_tokens))
+        mse = float(out["mse_loss"].detach())
+        return {"loss": float(out["loss"].detach()), "mse_loss": mse, "aux_loss": float(out["aux_loss"].detach()),
+                "explained_variance": 1.0 - mse, "l0": float(active.sum(1).float().mean())}
+
+    def n_dead(self) -> int:
+        return int(self.sae.dead_latents().sum())
+
+    def state_dict(self) -> dict:
+        return {"sae": self.sae.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sae.load_state_dict(state["sae"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def to_inference(self, **metadata) -> SAE:
+        return self.sae.to_inference(**metadata)
+
+
+class LensTrainer:
+    """A sae-lens architecture trained by sae-lens' own `SAETrainer.step` on our batches.
+
+    options are passed to the sae-lens training config (e.g. l1_coefficient for "standard",
+    l0_coefficient / jumprelu_init_threshold for "jumprelu", aux_loss_coefficient for "batchtopk").
+    """
+
+    architecture = ""  # our registry name
+    lens_architecture = ""  # sae-lens' name
+
+    def __init__(self, config):
+        from sae_lens.config import SAETrainerConfig
+        from sae_lens.registry import get_sae_training_class
+        from sae_lens.training.sae_trainer import SAETrainer
+
+        sae_cls, cfg_cls = get_sae_training_class(self.lens_architecture)
+        fields = {"d_in": config.d_in, "d_sae": config.d_sae, **config.options}
+        if self.lens_architecture in ("topk", "batchtopk"):
+            if not 0 < config.k <= config.d_sae:
+                raise ValueError(f"k must be in 1..d_sae, got k={config.k} with d_sae={config.d_sae}")
+            fields["k"] = config.k
+        try:
+            lens_cfg = cfg_cls(**fields)
+        except TypeError as err:
+            raise ValueError(f"bad options for sae-lens {self.lens_architecture}: {err}") from err
+        torch.manual_seed(config.seed)
+        self.sae = sae_cls(lens_cfg)
+        steps = max(1, config.total_tokens // config.batch_size)
+        trainer_cfg = SAETrainerConfig(
+            total_training_samples=steps * config.batch_size, train_batch_size_samples=config.batch_size,
+            lr=config.lr, dead_feature_window=max(1, config.dead_after_tokens // config.batch_size),
+            feature_sampling_window=10**12)  # sampling-window logging goes to wandb only; never reset
+        self.trainer = SAETrainer(cfg=trainer_cfg, sae=self.sae, data_provider=iter(()))
+        self.d_sae = config.d_sae
+
+    def prepare(self, first_batch: torch.Tensor) -> None:
+        pass  # sae-lens initialises its own biases
+
+    def step(self, batch: torch.Tensor) -> dict[str, float]:
+        output = self.trainer.step(batch)
+        self.trainer.n_training_steps += 1
+        with torch.no_grad():
+            sae_in = output.sae_in
+            mse = (output.sae_out - sae_in).pow(2).sum() / (sae_in - sae_in.mean(0)).pow(2).sum()
+            l0 = float((output.feature_acts > 0).sum(-1).float().mean())
+        metrics = {"loss": float(output.loss.detach()), "explained_variance": 1.0 - float(mse), "l0": l0}
+        metrics.update({name: float(value.detach()) for name, value in output.losses.items()})
+        return metrics
+
+    def n_dead(self) -> int:
+        return int(self.trainer.dead_neurons.sum())
+
+    def state_dict(self) -> dict:
+        t = self.trainer
+        return {"sae": self.sae.state_dict(), "optimizer": t.optimizer.state_dict(),
+                "lr_scheduler": t.lr_scheduler.state_dict(), "n_training_steps": t.n_training_steps,
+                "n_training_samples": t.n_training_samples, "act_freq_scores": t.act_freq_scores,
+                "n_forward_passes_since_fired": t.n_forward_passes_since_fired,
+                "n_frac_active_samples": t.n_frac_active_samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        t = self.trainer
+        self.sae.load_state_dict(state["sae"])
+        t.optimizer.load_state_dict(state["optimizer"])
+        t.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        for name in ("n_training_steps", "n_training_samples", "act_freq_scores",
+                     "n_forward_passes_since_fired", "n_frac_active_samples"):
+            setattr(t, name, state[name])
+
+    def to_inference(self, **metadata) -> SAE:
+        """Through sae-lens' own inference export (folds decoder norms, BatchTopK -> JumpReLU)."""
+        state = {name: tensor.detach().clone() for name, tensor in self.sae.state_dict().items()}
+        self.sae.process_state_dict_for_saving_inference(state)
+        cfg = self.sae.cfg.get_inference_sae_cfg_dict()
+        cfg.setdefault("metadata", {}).update(metadata)
+        return SAE.from_sae_lens(cfg, state)
+
+
+for _name in ("batchtopk", "jumprelu", "standard"):
+    register_trainer(_name)(type(f"Lens{_name.capitalize()}Trainer", (LensTrainer,), {"lens_architecture": _name}))
+
+
+@register_trainer("lens-topk")
+class LensTopKTrainer(LensTrainer):
+    """sae-lens' own TopK (dense decode): the baseline of benchmarks/sae_train.py."""
+
+    lens_architecture = "topk"

@@ -1,0 +1,77 @@
+"""The TopK SAE's math: sparse kernels against a dense reference, geometric median, unit-norm decoder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from saes.sparse_ops import gather_dots, gather_rows, scatter_rows
+from saes.topk import (TopKConfig, TrainingTopKSAE, geometric_median, reference_losses, remove_parallel_gradient_,
+                       set_decoder_unit_norm_)
+
+
+def _sorted_index(batch, m, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(batch, n, generator=g).argsort(1)[:, :m].sort(1).values
+
+
+def test_sparse_kernels_equal_their_dense_definitions():
+    batch, m, n, d = 16, 3, 20, 7
+    index = _sorted_index(batch, m, n)
+    coefficients, rows, table = torch.randn(batch, m), torch.randn(batch, d), torch.randn(n, d)
+    dense = torch.zeros(batch, n).scatter(1, index, coefficients)  # (batch, n) selection matrix
+    torch.testing.assert_close(scatter_rows(index, coefficients, rows, n), dense.t() @ rows)
+    torch.testing.assert_close(gather_rows(index, coefficients, table), dense @ table)
+    torch.testing.assert_close(gather_dots(index, rows, table), (rows @ table.t()).gather(1, index))
+
+
+@pytest.mark.parametrize("with_dead_latents", [False, True])
+def test_sparse_training_step_matches_dense_reference(with_dead_latents):
+    torch.manual_seed(0)
+    sae = TrainingTopKSAE(TopKConfig(d_in=48, d_sae=192, k=6, aux_k=16, dead_after_tokens=100))
+    x = torch.randn(96, 48) * 1.5 + 0.5
+    sae.initialise_pre_bias_(x)
+    with torch.no_grad():
+        sae.encoder_bias.normal_(0, 0.3)
+        sae.encoder_weight.add_(0.1 * torch.randn_like(sae.encoder_weight))
+    if with_dead_latents:
+        sae.tokens_since_fired[::4] = 1000  # 48 dead latents, more than aux_k
+    out = sae(x)
+    out["loss"].backward()
+    sparse_grads = {name: p.grad.clone() for name, p in sae.named_parameters()}
+    sae.zero_grad()
+    ref = reference_losses(sae, x)
+    ref["loss"].backward()
+    assert (float(out["aux_loss"].detach()) > 0) == with_dead_latents
+    for key in ("loss", "mse_loss", "aux_loss"):
+        torch.testing.assert_close(out[key], ref[key], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out["reconstruction"], ref["reconstruction"], rtol=1e-5, atol=1e-5)
+    for name, p in sae.named_parameters():
+        assert p.grad.abs().max() > 0, name
+        torch.testing.assert_close(sparse_grads[name], p.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_geometric_median_resists_outliers_and_minimises_distance_sum():
+    g = torch.Generator().manual_seed(0)
+    cluster = torch.randn(200, 5, generator=g) * 0.1 + 2.0
+    points = torch.cat([cluster, torch.full((20, 5), 100.0)])
+    median = geometric_median(points)
+    assert (median - 2.0).abs().max() < 0.2  # the mean is dragged to ~11
+    total = lambda c: (points - c).norm(dim=1).sum()  # noqa: E731
+    for direction in torch.eye(5):
+        assert total(median) <= total(median + 1e-2 * direction) + 1e-4
+        assert total(median) <= total(median - 1e-2 * direction) + 1e-4
+
+
+def test_decoder_norm_functions_keep_unit_rows_and_orthogonal_gradients():
+    weight = torch.nn.Parameter(torch.randn(10, 6) * 3)
+    set_decoder_unit_norm_(weight.data)
+    torch.testing.assert_close(weight.norm(dim=1), torch.ones(10))
+    weight.grad = torch.randn(10, 6)
+    remove_parallel_gradient_(weight)
+    torch.testing.assert_close((weight.grad * weight).sum(1), torch.zeros(10), atol=1e-6, rtol=0)
+
+
+def test_config_rejects_k_larger_than_latents():
+    with pytest.raises(ValueError, match="k must be"):
+        TopKConfig(d_in=8, d_sae=16, k=17).validate()
