@@ -62,19 +62,17 @@ def build_tokenizer_files(directory: Path, max_tokens: int) -> None:
     for c in "abcdefghijklmnopqrstuvwxyz,":
         add(c)
         add(c + "</w>")
-    merges: list[str] = []
+    merges: list[tuple[str, str]] = []
     for word in words:
-        pieces = list(word[:-1]) + [word[-1] + "</w>"]
-        while len(pieces) > 1:
-            merge = f"{pieces[0]} {pieces[1]}"
-            if merge not in merges:
-                merges.append(merge)
-            pieces = [pieces[0] + pieces[1]] + pieces[2:]
-            add(pieces[0])
+        # Add merges until BPE, which applies the earliest-learned merge first, reads the word
+        # as one token. A new merge ranks after all earlier ones, so earlier words stay whole.
+        while len(pieces := _bpe(word, merges)) > 1:
+            merges.append((pieces[0], pieces[1]))
+            add(pieces[0] + pieces[1])
     for special in SPECIAL_TOKENS:
         add(special)
     (directory / "vocab.json").write_text(json.dumps(vocab, indent=0))
-    (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
     (directory / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "CLIPTokenizer",
         "model_max_length": max_tokens,
@@ -85,6 +83,19 @@ def build_tokenizer_files(directory: Path, max_tokens: int) -> None:
         "do_lower_case": True,
     }, indent=2))
     (directory / VOCABULARY_FILE).write_text(json.dumps(shapes.vocabulary()))
+
+
+def _bpe(word: str, merges: list[tuple[str, str]]) -> list[str]:
+    """Byte-pair encoding of one word with CLIP's end-of-word marker, merges in rank order."""
+    ranks = {m: i for i, m in enumerate(merges)}
+    pieces = list(word[:-1]) + [word[-1] + "</w>"]
+    while len(pieces) > 1:
+        pairs = [(ranks.get((a, b), len(ranks)), i) for i, (a, b) in enumerate(zip(pieces, pieces[1:]))]
+        rank, i = min(pairs)
+        if rank == len(ranks):
+            break
+        pieces = pieces[:i] + [pieces[i] + pieces[i + 1]] + pieces[i + 2:]
+    return pieces
 
 
 def build_pipeline(config: T2IConfig, tokenizer_dir: Path):

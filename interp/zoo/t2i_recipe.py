@@ -83,11 +83,19 @@ def save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)  # a crash mid-write never replaces a good checkpoint
 
 
+RUN_LENGTH_FIELDS = ("vae_steps", "unet_steps", "checkpoint_every", "threads")
+
+
+def _recipe_identity(config: dict) -> dict:
+    """What must match to resume: everything but how long the stages run (a run may be extended)."""
+    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in RUN_LENGTH_FIELDS}
+
+
 def load_checkpoint(path: Path, cfg: RecipeConfig) -> dict | None:
     if not path.exists():
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if state.get("config") != json.dumps(asdict(cfg), sort_keys=True):
+    if _recipe_identity(json.loads(state.get("config", "{}"))) != _recipe_identity(asdict(cfg)):
         raise SystemExit(f"{path} was written by a different recipe configuration; "
                          f"use another --out or delete it to start over")
     return state
@@ -103,6 +111,7 @@ def train_vae(pipe, images: np.ndarray, cfg: RecipeConfig, out: Path, log) -> No
         vae.load_state_dict(state["vae"])
         opt.load_state_dict(state["opt"])
         start = state["step"]
+        log({"stage": "vae", "resumed_at": start})
     rng = np.random.default_rng(cfg.seed + 1 + start)
     vae.train()
     for step in tqdm(range(start, cfg.vae_steps), desc="vae", initial=start, total=cfg.vae_steps):
@@ -150,6 +159,7 @@ def train_unet(pipe, scenes, latents: torch.Tensor, cfg: RecipeConfig, out: Path
         modules.load_state_dict(state["modules"])
         opt.load_state_dict(state["opt"])
         start = state["step"]
+        log({"stage": "unet", "resumed_at": start})
     sched = pipe.scheduler
     alphas_cumprod = sched.alphas_cumprod
     sigmas_all = ((1 - alphas_cumprod) / alphas_cumprod).sqrt()
@@ -221,7 +231,8 @@ def set_scaling_factor(pipe, latents: torch.Tensor) -> None:
 
 def main(args: argparse.Namespace) -> None:
     cfg = RecipeConfig(seed=args.seed, n_scenes=args.scenes, vae_steps=args.vae_steps,
-                       unet_steps=args.unet_steps, unet_batch=args.batch, threads=args.threads)
+                       unet_steps=args.unet_steps, unet_batch=args.batch, threads=args.threads,
+                       checkpoint_every=args.checkpoint_every)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(args.out)
@@ -239,7 +250,13 @@ def main(args: argparse.Namespace) -> None:
     pipe.set_progress_bar_config(disable=True)
     scenes, images = render_dataset(cfg)
     train_vae(pipe, images, cfg, out, log)
-    latents = encode_latents(pipe.vae, images)
+    cache = out / "latents.pt"  # encoding takes minutes on a CPU: keep it for resumed runs
+    cached = torch.load(cache, weights_only=True) if cache.exists() else None
+    if cached is not None and cached["vae_steps"] == cfg.vae_steps and len(cached["latents"]) == len(images):
+        latents = cached["latents"].float()
+    else:
+        latents = encode_latents(pipe.vae, images)
+        save_checkpoint(cache, {"vae_steps": cfg.vae_steps, "latents": latents.half()})
     set_scaling_factor(pipe, latents)
     latents = latents * pipe.vae.config.scaling_factor
     del images
@@ -262,3 +279,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=RecipeConfig.unet_batch)
     parser.add_argument("--threads", type=int, default=RecipeConfig.threads)
     parser.add_argument("--probe-every", type=int, default=500, help="probe accuracy every N UNet steps (0: never)")
+    parser.add_argument("--checkpoint-every", type=int, default=RecipeConfig.checkpoint_every)

@@ -1,0 +1,140 @@
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from interp.models import SDXL_BLOCKS, ModelError, load_t2i
+from interp.zoo import WEIGHTS_DIR
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_toy_model_is_a_real_sdxl_pipeline_with_sdxl_block_names(toy_t2i):
+    from diffusers import AutoencoderKL, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+    pipe = toy_t2i.pipe
+    assert isinstance(pipe, StableDiffusionXLPipeline)
+    assert isinstance(pipe.text_encoder, CLIPTextModel) and isinstance(pipe.text_encoder_2, CLIPTextModelWithProjection)
+    assert isinstance(pipe.tokenizer, CLIPTokenizer) and isinstance(pipe.vae, AutoencoderKL)
+    assert isinstance(pipe.unet, UNet2DConditionModel) and pipe.unet.config.addition_embed_type == "text_time"
+    for name in SDXL_BLOCKS:
+        info = toy_t2i.blocks[name]
+        assert info.height >= 8 and info.width >= 8
+        assert type(pipe.unet.get_submodule(name)).__name__ == "Transformer2DModel"
+    assert toy_t2i.default_size >= 64 and toy_t2i.default_steps == 1 and toy_t2i.default_guidance == 0.0
+
+
+def test_real_sdxl_turbo_unet_has_the_four_blocks_with_1280_channels():
+    from accelerate import init_empty_weights
+    from diffusers import UNet2DConditionModel
+
+    from interp.models import block_info
+
+    config = json.loads((ROOT / "interp/models/configs/sdxl-turbo-unet.json").read_text())
+    with init_empty_weights():
+        unet = UNet2DConditionModel.from_config({k: v for k, v in config.items() if not k.startswith("_")})
+    blocks = block_info(unet)
+    assert all(blocks[name].channels == 1280 for name in SDXL_BLOCKS)
+    assert blocks["down_blocks.2.attentions.1"].height == 16  # 512 px -> 64 latent -> 16 at down_blocks.2
+
+
+def test_same_seed_same_image_and_other_seed_other_image(toy_t2i):
+    prompt = "a small red circle at the top left on a blue background"
+    a, b = (np.asarray(toy_t2i.generate(prompt, seed=3)[0]) for _ in range(2))
+    c = np.asarray(toy_t2i.generate(prompt, seed=4)[0])
+    assert a.shape == (64, 64, 3) and np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+def test_generates_in_one_step_and_in_several(toy_t2i):
+    from interp.zoo.shapes import AttributeProbe, parse_caption
+
+    prompt = "a large yellow square in the center on a black background"
+    scene = parse_caption(prompt)
+    probe = AttributeProbe()
+    for steps in (1, 4):
+        image = toy_t2i.generate(prompt, steps=steps, seed=0)[0]
+        score = probe.score(image, scene)
+        assert score["colour"] == 1.0 and score["background"] == 1.0 and score["position"] == 1.0, (steps, score)
+
+
+def test_held_out_single_object_captions_are_drawn_correctly(toy_t2i):
+    """A quick version of `python -m interp.zoo evaluate` (README has the 500-caption table)."""
+    from interp.zoo.t2i_recipe import evaluate
+
+    scores = evaluate(toy_t2i.pipe, {1: 40}, seed=7, progress=False)["1"]
+    for attribute in ("shape", "colour", "background", "position"):
+        assert scores[attribute] >= 0.8, scores
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ("", "empty"),
+    ("   ", "empty"),
+    ("a red dragon on a white background", "dragon"),
+    (" and ".join(["a small red circle at the top left"] * 12), "tokens long"),
+])
+def test_bad_prompts_get_a_clear_error(toy_t2i, prompt, message):
+    with pytest.raises(ModelError, match=message):
+        toy_t2i.generate(prompt)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"steps": 0}, "steps"), ({"steps": -3}, "steps"), ({"steps": 10**6}, "steps"),
+    ({"height": 10**6}, "height"), ({"width": 30}, "width"),
+])
+def test_bad_requests_get_a_clear_error(toy_t2i, kwargs, message):
+    with pytest.raises(ModelError, match=message):
+        toy_t2i.generate("a red circle", **kwargs)
+
+
+def test_unknown_model_and_missing_or_corrupt_weights_are_named(tmp_path):
+    with pytest.raises(ModelError, match="unknown model"):
+        load_t2i("not-a-model")
+    with pytest.raises(ModelError, match="model_index.json"):
+        load_t2i(str(tmp_path))
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(WEIGHTS_DIR / "t2i", corrupt)
+    weights = next((corrupt / "unet").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ModelError, match="cannot load"):
+        load_t2i(str(corrupt))
+    with pytest.raises(ModelError, match="huggingface-cli download"):
+        load_t2i("sdxl-turbo", allow_download=False)
+
+
+def test_embedded_weights_are_small_fp16_safetensors():
+    files = [p for p in (WEIGHTS_DIR / "t2i").rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) <= 25 * 2**20
+    tensors = [p for p in files if p.suffix == ".safetensors"]
+    assert len(tensors) == 4 and not any(p.suffix in (".bin", ".pt", ".pth", ".ckpt") for p in files)
+    from safetensors import safe_open
+    with safe_open(str(tensors[0]), "pt") as f:
+        assert str(f.get_tensor(next(iter(f.keys()))).dtype) == "torch.float16"
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"} | dict(__import__("os").environ))
+
+
+def test_cli_generates_the_same_image_for_the_same_seed(tmp_path):
+    outs = [tmp_path / f"{i}.png" for i in range(2)]
+    for out in outs:
+        result = run_cli("interp", "generate", "--model", "toy", "--prompt", "a blue star on a white background",
+                         "--steps", "1", "--seed", "0", "--out", str(out))
+        assert result.returncode == 0, result.stderr
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", ""], "empty"),
+    (["--prompt", "a red circle", "--steps", "0"], "steps"),
+    (["--prompt", "a red circle", "--model", "nope"], "unknown model"),
+])
+def test_cli_reports_bad_input_without_a_traceback(tmp_path, args, message):
+    result = run_cli("interp", "generate", "--out", str(tmp_path / "x.png"), *args)
+    assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
