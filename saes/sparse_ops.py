@@ -16,9 +16,13 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-# CSR tensors are "beta" in torch; the kernels used here are the stable MKL/native ones.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
-warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+def _csr(crow: torch.Tensor, col: torch.Tensor, values: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    # CSR tensors are "beta" in torch and warn on creation; the kernels used here are stable.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.sparse_csr_tensor(crow, col, values, size)
 
 
 def _latent_major_csr(latent_index: torch.Tensor, coefficients: torch.Tensor, n_latents: int) -> torch.Tensor:
@@ -29,7 +33,7 @@ def _latent_major_csr(latent_index: torch.Tensor, coefficients: torch.Tensor, n_
     crow = torch.zeros(n_latents + 1, dtype=torch.int64, device=latent_index.device)
     crow[1:] = torch.bincount(flat_latents, minlength=n_latents).cumsum(0)
     sample_of_entry = torch.div(order, m, rounding_mode="floor")
-    return torch.sparse_csr_tensor(crow, sample_of_entry, coefficients.reshape(-1)[order], (n_latents, batch))
+    return _csr(crow, sample_of_entry, coefficients.reshape(-1)[order], (n_latents, batch))
 
 
 def scatter_rows(latent_index: torch.Tensor, coefficients: torch.Tensor, rows: torch.Tensor,
@@ -63,7 +67,7 @@ def gather_dots(latent_index: torch.Tensor, rows: torch.Tensor, table: torch.Ten
     if m == 0:
         return rows.new_zeros(batch, 0)
     crow = torch.arange(0, batch * m + 1, m, device=rows.device)
-    mask = torch.sparse_csr_tensor(crow, latent_index.reshape(-1), rows.new_zeros(batch * m), (batch, table.shape[0]))
+    mask = _csr(crow, latent_index.reshape(-1), rows.new_zeros(batch * m), (batch, table.shape[0]))
     return torch.sparse.sampled_addmm(mask, rows, table.t()).values().view(batch, m)
 
 

@@ -128,7 +128,7 @@ class LensTrainer:
         steps = max(1, config.total_tokens // config.batch_size)
         trainer_cfg = SAETrainerConfig(
             total_training_samples=steps * config.batch_size, train_batch_size_samples=config.batch_size,
-            lr=config.lr, dead_feature_window=max(1, config.dead_after_tokens // config.batch_size),
+            lr=config.lr, lr_end=config.lr, dead_feature_window=max(1, config.dead_after_tokens // config.batch_size),
             feature_sampling_window=10**12)  # sampling-window logging goes to wandb only; never reset
         self.trainer = SAETrainer(cfg=trainer_cfg, sae=self.sae, data_provider=iter(()))
         self.d_sae = config.d_sae

@@ -12,6 +12,15 @@ from saes.sae import SAE, SAEFormatError
 from saes.topk import TopKConfig, TrainingTopKSAE
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: a second thread only adds synchronisation, badly so on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _trained_like_topk(d_in=24, d_sae=64, k=5) -> SAE:
     torch.manual_seed(1)
     training = TrainingTopKSAE(TopKConfig(d_in=d_in, d_sae=d_sae, k=k))

@@ -10,6 +10,15 @@ from saes.topk import (TopKConfig, TrainingTopKSAE, geometric_median, reference_
                        set_decoder_unit_norm_)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: a second thread only adds synchronisation, badly so on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _sorted_index(batch, m, n, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.rand(batch, n, generator=g).argsort(1)[:, :m].sort(1).values

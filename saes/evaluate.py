@@ -1,0 +1,71 @@
+"""Reconstruction metrics of an SAE over an activation stream.
+
+explained_variance = 1 - FVU = 1 - sum ||x - x_hat||^2 / sum ||x - mean(x)||^2 over the whole
+stream; l0 = mean number of active latents per vector; dead = features that never fired;
+dense = features firing on more than `dense_threshold` of the vectors.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from .sae import SAE
+
+
+@torch.no_grad()
+def evaluate(sae: SAE, batches: Iterable[torch.Tensor], max_tokens: int | None = None,
+             dense_threshold: float = 0.1) -> dict:
+    """batches: (batch, d_in) tensors. Returns plain numbers plus per-feature firing frequency."""
+    d_in, d_sae = sae.cfg.d_in, sae.cfg.d_sae
+    total = torch.zeros(d_in, dtype=torch.float64)
+    total_sq = torch.zeros(d_in, dtype=torch.float64)
+    error_sq = torch.zeros((), dtype=torch.float64)
+    fire_counts = torch.zeros(d_sae, dtype=torch.float64)
+    activation_sum = torch.zeros(d_sae, dtype=torch.float64)
+    active_total, n = 0, 0
+    for batch in batches:
+        if batch.ndim != 2 or batch.shape[1] != d_in:
+            raise ValueError(f"activations have shape {tuple(batch.shape)}, the SAE expects (batch, {d_in})")
+        batch = batch.float()
+        if not torch.isfinite(batch).all():
+            raise ValueError("activations contain NaN or Inf values")
+        latents = sae.encode(batch)
+        reconstruction = sae.decode(latents)
+        active = latents > 0
+        total += batch.sum(0).double()
+        total_sq += batch.double().pow(2).sum(0)
+        error_sq += (reconstruction - batch).double().pow(2).sum()
+        fire_counts += active.sum(0).double()
+        activation_sum += latents.sum(0).double()
+        active_total += int(active.sum())
+        n += batch.shape[0]
+        if max_tokens is not None and n >= max_tokens:
+            break
+    if n == 0:
+        raise ValueError("the activation stream is empty")
+    variance_sum = float((total_sq - total.pow(2) / n).sum())
+    frequency = fire_counts / n
+    return {
+        "tokens": n,
+        "explained_variance": 1.0 - float(error_sq) / max(variance_sum, 1e-12),
+        "mse": float(error_sq) / (n * d_in),
+        "l0": active_total / n,
+        "dead_features": int((fire_counts == 0).sum()),
+        "dead_fraction": float((fire_counts == 0).double().mean()),
+        "dense_features": int((frequency > dense_threshold).sum()),
+        "dense_threshold": dense_threshold,
+        "d_sae": d_sae,
+        "feature_frequency": frequency.float().tolist(),
+        "feature_mean_activation": (activation_sum / fire_counts.clamp_min(1)).float().tolist(),
+    }
+
+
+def markdown_table(rows: dict[str, dict]) -> str:
+    """rows: name (block or SAE) -> evaluate() result -> a markdown table of the headline numbers."""
+    lines = ["| SAE | tokens | explained variance | L0 | dead | dense |", "|---|---:|---:|---:|---:|---:|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['tokens']} | {r['explained_variance']:.3f} | {r['l0']:.2f} | "
+                     f"{r['dead_features']} ({100 * r['dead_fraction']:.1f}%) | {r['dense_features']} |")
+    return "\n".join(lines) + "\n"
