@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import nn
 
-from .sparse_ops import select_pre_activations, sparse_decode
+from .sparse_ops import select_pre_activations, sort_rows, sparse_decode
 
 
 @dataclass
@@ -92,13 +92,13 @@ def remove_parallel_gradient_(decoder_weight: torch.Tensor) -> None:
     to first order (it only rotates the direction). decoder_weight: (d_sae, d_in), unit rows."""
     if decoder_weight.grad is None:
         return
-    parallel = (decoder_weight.grad * decoder_weight).sum(dim=1, keepdim=True)
-    decoder_weight.grad.sub_(parallel * decoder_weight)
+    parallel = torch.linalg.vecdot(decoder_weight.grad, decoder_weight).unsqueeze(1)
+    decoder_weight.grad.addcmul_(parallel, decoder_weight, value=-1.0)
 
 
 def normalized_mse(reconstruction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean squared error divided by the target's variance around its batch mean (FVU)."""
-    variance = (target - target.mean(0)).pow(2).mean()
+    variance = target.var(dim=0, unbiased=False).mean()
     return (reconstruction - target).pow(2).mean() / variance.clamp_min(1e-12)
 
 
@@ -142,7 +142,7 @@ class TrainingTopKSAE(nn.Module):
         centred = x - self.pre_bias
         with torch.no_grad():  # the one dense product: TopK has to see every pre-activation
             pre_activations = torch.addmm(self.encoder_bias, centred, self.encoder_weight.t())
-            latent_index = pre_activations.topk(self.cfg.k, dim=1, sorted=False).indices.sort(dim=1).values
+            latent_index = sort_rows(pre_activations.topk(self.cfg.k, dim=1, sorted=False).indices)
         latent_values = select_pre_activations(
             pre_activations, centred, self.encoder_weight, self.encoder_bias, latent_index).relu()
         reconstruction = sparse_decode(latent_values, latent_index, self.decoder_weight) + self.pre_bias

@@ -49,7 +49,8 @@ class TopKTrainer:
                               **options).validate()
         self.sae = TrainingTopKSAE(self.cfg)
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=self.cfg.lr,
-                                          betas=(self.cfg.adam_beta1, self.cfg.adam_beta2), eps=self.cfg.adam_eps)
+                                          betas=(self.cfg.adam_beta1, self.cfg.adam_beta2), eps=self.cfg.adam_eps,
+                                          fused=True)  # one pass over the 2 x d_sae x d_in weights
         self._model = None  # the DDP wrapper (or the SAE itself), made at the first step
 
     def prepare(self, first_batch: torch.Tensor) -> None:
