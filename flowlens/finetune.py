@@ -1,0 +1,420 @@
+"""Supervised fine-tuning of any Hugging Face causal LM, with the Variance Concentration Loss as an option.
+
+One training step = ``grad_accum`` micro-batches of ``batch_size`` examples, then one AdamW step.
+Per micro-batch, one forward pass with ``output_hidden_states=True`` gives both the SFT loss
+(completion tokens only; prompt and padding are masked with -100) and the residuals of the VCL
+window (``hidden_states[l + 1]`` is resid_post of layer l), so VCL adds only an eigenvalue problem
+of size min(B, d) per window layer. Hugging Face applies the final norm to the last entry of
+``hidden_states``; when the window reaches the last layer its raw output is taken by a forward
+hook on that layer instead.
+
+Runs are resumable: ``checkpoint.pt`` (trainable weights, optimizer, RNG, step) is replaced
+atomically every ``save_every`` steps and on cancel; data order is a function of (seed, step), so
+a resumed run takes the same batches and ends with the same weights as an uninterrupted one.
+Output directory: ``log.jsonl`` (one line per step: loss, sft_loss, vcl_loss, vcl_ratio),
+``eval_before.json`` / ``eval_after.json`` (refusal metrics), ``model/`` (final weights or LoRA
+adapter, with the tokenizer), ``result.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .diversity import DataError, read_jsonl
+from .refusals import context_length, evaluate_refusals, format_prompt, read_prompt_set
+from .vcl import VCLConfig, select_positions, variance_concentration_loss
+
+# Settings that may change between a run and its resumption; any other change is a different run.
+RESUMABLE_CHANGES = ("steps", "save_every", "eval_prompts", "eval_max_new_tokens", "device", "progress")
+
+
+@dataclass
+class FinetuneConfig:
+    """A fine-tuning run; ``vcl`` None means plain SFT. Serialises to JSON (``to_json``)."""
+
+    model: str
+    data: str
+    out: str
+    steps: int = 100
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_length: int = 256
+    seed: int = 0
+    lora: bool = False
+    lora_r: int = 8
+    lora_alpha: int = 16
+    chat_template: bool = False
+    vcl: VCLConfig | None = None
+    save_every: int = 50
+    eval_prompts: str | None = None
+    eval_max_new_tokens: int = 32
+    device: str = "cpu"
+    progress: bool = True
+
+    def __post_init__(self):
+        if isinstance(self.vcl, dict):
+            self.vcl = VCLConfig(**self.vcl)
+        for name in ("steps", "batch_size", "grad_accum", "max_length", "save_every", "lora_r"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr!r}")
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["vcl"] = self.vcl.to_json() if self.vcl is not None else None
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "FinetuneConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in known})
+
+
+@dataclass
+class Example:
+    """One tokenised example: ``input_ids`` = prompt ids + completion ids (+ EOS)."""
+
+    input_ids: list[int]
+    prompt_length: int
+
+
+def read_sft_data(path: str | Path) -> list[tuple[int, str, str]]:
+    """(line, prompt, completion) of a JSONL file; a missing field is named by its line."""
+    rows = []
+    for number, record in read_jsonl(path):
+        for name in ("prompt", "completion"):
+            if not isinstance(record.get(name), str):
+                raise DataError(f"{path}: line {number} has no {name!r} field (a string)")
+        if not record["completion"].strip():
+            raise DataError(f"{path}: line {number} has an empty completion")
+        rows.append((number, record["prompt"], record["completion"]))
+    return rows
+
+
+def tokenize_examples(rows, tokenizer, max_length: int, chat_template: bool, path: str = "data") -> list[Example]:
+    """Prompt and completion tokenised apart (so the prompt/completion boundary is exact)."""
+    examples = []
+    for number, prompt, completion in rows:
+        text = format_prompt(tokenizer, prompt, chat_template)
+        prompt_ids = list(tokenizer(text, add_special_tokens=not chat_template)["input_ids"])
+        completion_ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"])
+        if tokenizer.eos_token_id is not None:
+            completion_ids.append(tokenizer.eos_token_id)
+        if not prompt_ids:
+            raise DataError(f"{path}: line {number}: the prompt gives no tokens")
+        if len(prompt_ids) >= max_length:
+            raise DataError(f"{path}: line {number}: the prompt has {len(prompt_ids)} tokens, leaving no room for "
+                            f"the completion within max_length={max_length}")
+        examples.append(Example((prompt_ids + completion_ids)[:max_length], len(prompt_ids)))
+    return examples
+
+
+def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded batch: input_ids, attention_mask, labels (-100 off the completion), prompt/response masks."""
+    width = max(len(e.input_ids) for e in examples)
+    batch = {name: torch.zeros(len(examples), width, dtype=torch.long) for name in ("input_ids", "attention_mask")}
+    batch["labels"] = torch.full((len(examples), width), -100, dtype=torch.long)
+    batch["prompt_mask"] = torch.zeros(len(examples), width, dtype=torch.bool)
+    batch["response_mask"] = torch.zeros(len(examples), width, dtype=torch.bool)
+    batch["input_ids"].fill_(pad_id)
+    for row, example in enumerate(examples):
+        n, p = len(example.input_ids), example.prompt_length
+        batch["input_ids"][row, :n] = torch.tensor(example.input_ids)
+        batch["attention_mask"][row, :n] = 1
+        batch["labels"][row, p:n] = batch["input_ids"][row, p:n]
+        batch["prompt_mask"][row, :p] = True
+        batch["response_mask"][row, p:n] = True
+    return batch
+
+
+def micro_batch_indices(n_examples: int, batch_size: int, seed: int, micro_batch: int) -> list[int]:
+    """Indices of the ``micro_batch``-th micro-batch: a fresh seeded permutation each epoch, no partial batch."""
+    per_epoch = n_examples // batch_size
+    epoch, position = divmod(micro_batch, per_epoch)
+    order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return order[position * batch_size:(position + 1) * batch_size].tolist()
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The list of decoder layers: the ModuleList as long as ``config.num_hidden_layers``."""
+    n_layers = model.config.num_hidden_layers
+    for _, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
+            return module
+    raise ValueError(f"cannot find the {n_layers} decoder layers of {type(model).__name__}")
+
+
+class WindowResiduals:
+    """Residuals (resid_post) of the window's layers from one forward pass with hidden states on."""
+
+    def __init__(self, model, layers: list[int]):
+        self.layers = layers
+        self.n_layers = model.config.num_hidden_layers
+        self.last_output: torch.Tensor | None = None
+        self.handle = None
+        if self.n_layers - 1 in layers:  # hidden_states[-1] is normed: hook the last layer itself
+            self.handle = decoder_layers(model)[-1].register_forward_hook(self._keep_last)
+
+    def _keep_last(self, module, inputs, output):
+        self.last_output = output[0] if isinstance(output, tuple) else output
+
+    def collect(self, hidden_states) -> list[torch.Tensor]:
+        """``(B, T, d)`` per window layer."""
+        out = []
+        for layer in self.layers:
+            out.append(self.last_output if layer == self.n_layers - 1 else hidden_states[layer + 1])
+        self.last_output = None
+        return out
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.remove()
+
+
+def _load(config: FinetuneConfig, model=None, tokenizer=None):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(config.model)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
+    model.to(config.device)
+    if config.lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                                                 target_modules="all-linear", task_type="CAUSAL_LM"))
+    return model, tokenizer
+
+
+def _trainable(model) -> dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _save_checkpoint(path: Path, model, optimizer, step: int, config: FinetuneConfig) -> None:
+    state = {"step": step, "trainable": {k: v.detach().cpu() for k, v in _trainable(model).items()},
+             "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+             "config": json.dumps(config.to_json())}
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # atomic: a crash leaves the old checkpoint or the new one, never half of one
+
+
+def _check_same_run(saved: dict, config: FinetuneConfig) -> None:
+    current = config.to_json()
+    changed = [k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k]]
+    if changed:
+        raise ValueError(f"{config.out} holds a checkpoint of a different run (changed: {', '.join(changed)}); "
+                         "use another --out or the same settings")
+
+
+def _is_cancelled(cancel) -> bool:
+    if cancel is None:
+        return False
+    if isinstance(cancel, threading.Event):
+        return cancel.is_set()
+    return bool(cancel())
+
+
+def _append_log(path: Path, entry: dict) -> None:
+    with path.open("a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Drop log lines of steps after the checkpoint (they will be redone)."""
+    if path.exists():
+        lines = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in lines))
+
+
+def finetune(config: FinetuneConfig, model=None, tokenizer=None,
+             cancel: threading.Event | Callable[[], bool] | None = None) -> dict:
+    """Run (or resume) fine-tuning; returns the result written to ``out/result.json``.
+
+    ``model``/``tokenizer`` may be passed in (they must be what ``config.model`` loads); otherwise
+    they are loaded from ``config.model``. ``cancel`` (an Event or a callable) is checked after
+    every step: when set, a checkpoint is saved and the run returns with status ``cancelled``.
+    """
+    from tqdm.auto import tqdm
+
+    # Everything that can be wrong with the inputs fails here, before any training.
+    rows = read_sft_data(config.data)
+    eval_records = read_prompt_set(config.eval_prompts) if config.eval_prompts else None
+    torch.manual_seed(config.seed)  # LoRA initialisation draws random numbers
+    model, tokenizer = _load(config, model, tokenizer)
+    limit = context_length(model)
+    if limit is not None and config.max_length > limit:
+        raise ValueError(f"max_length={config.max_length} exceeds the model's context of {limit}")
+    examples = tokenize_examples(rows, tokenizer, config.max_length, config.chat_template, config.data)
+    if len(examples) < config.batch_size:
+        raise DataError(f"{config.data} has {len(examples)} examples, fewer than batch_size={config.batch_size}")
+    base_config = model.config
+    layers = config.vcl.check_against(config.batch_size, base_config.hidden_size, base_config.num_hidden_layers) \
+        if config.vcl is not None else []
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer has neither a pad nor an EOS token")
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint_path, log_path = out / "checkpoint.pt", out / "log.jsonl"
+    parameters = _trainable(model)
+    optimizer = torch.optim.AdamW(parameters.values(), lr=config.lr, weight_decay=config.weight_decay)
+    step = 0
+    if checkpoint_path.exists():
+        state = torch.load(checkpoint_path, weights_only=True, map_location=config.device)
+        _check_same_run(json.loads(state["config"]), config)
+        with torch.no_grad():
+            for name, tensor in state["trainable"].items():
+                parameters[name].copy_(tensor)
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"])
+        step = state["step"]
+        _trim_log(log_path, step)
+    else:
+        (out / "config.json").write_text(json.dumps(config.to_json(), indent=2) + "\n")
+        log_path.unlink(missing_ok=True)
+
+    evaluate = (lambda: evaluate_refusals(model, tokenizer, eval_records, max_new_tokens=config.eval_max_new_tokens,
+                                          chat_template=config.chat_template).to_json()) if eval_records else None
+    if evaluate and step == 0 and not (out / "eval_before.json").exists():
+        (out / "eval_before.json").write_text(json.dumps(evaluate(), indent=2) + "\n")
+
+    window = WindowResiduals(model, layers) if config.vcl is not None else None
+    model.train()
+    status = "finished"
+    bar = tqdm(total=config.steps, initial=step, desc="fine-tuning", disable=not config.progress)
+    try:
+        while step < config.steps:
+            started = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            totals = {"loss": 0.0, "sft_loss": 0.0, "vcl_loss": 0.0, "vcl_ratio": 0.0}
+            for micro in range(config.grad_accum):
+                index = micro_batch_indices(len(examples), config.batch_size, config.seed,
+                                            step * config.grad_accum + micro)
+                batch = {k: v.to(config.device) for k, v in collate([examples[i] for i in index], pad_id).items()}
+                output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                               labels=batch["labels"], output_hidden_states=window is not None)
+                loss = output.loss
+                totals["sft_loss"] += output.loss.item() / config.grad_accum
+                if window is not None:
+                    residuals = [select_positions(h, batch["prompt_mask"], batch["response_mask"],
+                                                  config.vcl.positions) for h in window.collect(output.hidden_states)]
+                    vcl = variance_concentration_loss(residuals, config.vcl)
+                    loss = loss + vcl["loss"].to(loss.dtype)
+                    totals["vcl_loss"] += vcl["loss"].item() / config.grad_accum
+                    totals["vcl_ratio"] += vcl["ratio"].item() / config.grad_accum
+                (loss / config.grad_accum).backward()
+                totals["loss"] += loss.item() / config.grad_accum
+            optimizer.step()
+            step += 1
+            entry = {"step": step, **{k: round(v, 6) for k, v in totals.items()},
+                     "seconds": round(time.perf_counter() - started, 4)}
+            if window is None:
+                del entry["vcl_loss"], entry["vcl_ratio"]
+            _append_log(log_path, entry)
+            bar.update(1)
+            bar.set_postfix(sft=f"{totals['sft_loss']:.3f}",
+                            **({"vcl": f"{totals['vcl_loss']:.3f}"} if window is not None else {}))
+            if not math.isfinite(totals["loss"]):
+                raise FloatingPointError(f"the loss became {totals['loss']} at step {step}; lower the lr or lambda")
+            if step % config.save_every == 0 or step == config.steps:
+                _save_checkpoint(checkpoint_path, model, optimizer, step, config)
+            if step < config.steps and _is_cancelled(cancel):
+                _save_checkpoint(checkpoint_path, model, optimizer, step, config)
+                status = "cancelled"
+                break
+    finally:
+        bar.close()
+        if window is not None:
+            window.close()
+        model.eval()
+
+    result = {"config": config.to_json(), "status": status, "step": step,
+              "eval_before": json.loads((out / "eval_before.json").read_text())["metrics"]
+              if (out / "eval_before.json").exists() else None, "eval_after": None}
+    if status == "finished":
+        model.save_pretrained(out / "model")
+        tokenizer.save_pretrained(out / "model")
+        if evaluate:
+            after = evaluate()
+            (out / "eval_after.json").write_text(json.dumps(after, indent=2) + "\n")
+            result["eval_after"] = after["metrics"]
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def vcl_command(args) -> int:
+    import signal
+
+    vcl = None
+    if args.weight != 0:
+        vcl = VCLConfig(k=args.k, weight=args.weight, window=tuple(args.window), sign=args.sign, pooling=args.pooling,
+                        positions=args.positions)
+    config = FinetuneConfig(model=args.model, data=args.data, out=args.out, steps=args.steps,
+                            batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
+                            max_length=args.max_length, seed=args.seed, lora=args.lora, lora_r=args.lora_r,
+                            chat_template=args.chat_template, vcl=vcl, save_every=args.save_every,
+                            eval_prompts=args.eval_prompts, device=args.device)
+    # Ctrl-C stops at the next step boundary with a checkpoint; a second Ctrl-C aborts at once.
+    stop = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def request_stop(signum, frame):
+        if stop.is_set():
+            signal.signal(signal.SIGINT, previous)
+            raise KeyboardInterrupt
+        stop.set()
+        print("\nstopping after this step (Ctrl-C again to abort)", flush=True)
+
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        result = finetune(config, cancel=stop)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    print(f"{result['status']} at step {result['step']}/{config.steps}; results in {config.out}")
+    for name in ("eval_before", "eval_after"):
+        if result[name]:
+            metrics = result[name]
+            print(f"{name}: false-refusal {metrics['false_refusal_rate']}, harmful refusal "
+                  f"{metrics['harmful_refusal_rate']}, task accuracy {metrics['task_accuracy']}")
+    return 0 if result["status"] == "finished" else 130
+
+
+def add_vcl_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="Hugging Face name or local directory")
+    parser.add_argument("--data", required=True, help="JSONL with prompt and completion fields")
+    parser.add_argument("--out", required=True, help="run directory (resumes when it holds a checkpoint)")
+    parser.add_argument("--lambda", dest="weight", type=float, default=1.0, help="VCL weight (0: plain SFT)")
+    parser.add_argument("--k", type=int, default=2, help="number of top singular directions")
+    parser.add_argument("--window", type=float, nargs=2, default=(0.3, 0.5), metavar=("A", "B"),
+                        help="layer window in normalised depth l/(L-1)")
+    parser.add_argument("--sign", choices=("penalize", "encourage"), default="penalize")
+    parser.add_argument("--pooling", choices=("mean", "stacked"), default="mean")
+    parser.add_argument("--positions", choices=("last_prompt", "response"), default="last_prompt")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora", action="store_true", help="train LoRA adapters (peft) instead of all weights")
+    parser.add_argument("--lora-r", type=int, default=8)
+    parser.add_argument("--chat-template", action="store_true")
+    parser.add_argument("--save-every", type=int, default=50)
+    parser.add_argument("--eval-prompts", default=None, help="prompt-set JSONL or XSTest CSV: evaluated before and after")
+    parser.add_argument("--device", default="cpu")
