@@ -1,0 +1,467 @@
+"""Activation store: block updates on disk as sharded fp16 safetensors, resumable, streamable.
+
+Layout of a store directory:
+
+    plan.json                      what is being collected (model, blocks, prompts, seeds, steps, ...)
+    shards/shard-000000.safetensors  images [0, n) : {block: (n, steps, C, H, W) fp16, "image_index": (n,)}
+    shards/shard-000001.safetensors  images [n, 2n) ...
+    manifest.json                  written last: the plan, shapes, dtype and the list of shards
+
+Every file is written to a temporary name and renamed into place (`os.replace`), so a
+shard either exists whole or not at all. An interrupted collection resumes by skipping
+the shards that exist. Under `torchrun --nproc-per-node N`, rank r writes shards
+r, r + N, r + 2N, ... and rank 0 writes the one manifest once every shard exists.
+
+Readers: `ActivationStore(path).batches(block, batch_size)` streams shuffled float32
+(batch, channels) vectors (one per position per step per image) a window of shards at a
+time; `.image(i, block)` gives one image's (steps, C, H, W). `stream_vectors` feeds a
+trainer straight from generation, with no disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .hooks.diffusion import capture_updates, generate
+from .models.t2i import SDXL_BLOCKS
+
+FORMAT = "interp-activation-store"
+VERSION = 1
+PLAN_FILE = "plan.json"
+MANIFEST_FILE = "manifest.json"
+SHARD_DIR = "shards"
+STORE_DTYPE = torch.float16
+
+
+class StoreError(ValueError):
+    """A store that cannot be written or read, what state it is in and what to do."""
+
+
+@dataclass
+class CollectionPlan:
+    """What a collection records; a resumed run must have the same plan."""
+
+    model: str
+    blocks: list[str]
+    prompts: list[str]
+    seeds: list[int]
+    steps: int
+    guidance: float
+    half: str = "cond"               # which CFG half is stored ("cond" is the whole batch without CFG)
+    images_per_shard: int = 16
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # block -> per image (steps, C, H, W)
+    dtype: str = "float16"
+    format: str = FORMAT
+    version: int = VERSION
+
+    @property
+    def n_images(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.n_images // self.images_per_shard)
+
+    def shard_range(self, shard: int) -> tuple[int, int]:
+        start = shard * self.images_per_shard
+        return start, min(start + self.images_per_shard, self.n_images)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def shard_name(shard: int) -> str:
+    return f"shard-{shard:06d}.safetensors"
+
+
+def world_prompts(n: int, seed: int = 0) -> list[str]:
+    """n captions of random scenes of the shapes world (varied wording), reproducible by seed."""
+    from .zoo import shapes
+
+    rng = np.random.default_rng(seed)
+    return [shapes.caption(shapes.sample_scene(rng), rng) for _ in range(n)]
+
+
+def read_prompts(path: str | os.PathLike) -> list[str]:
+    """One prompt per non-empty line."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise StoreError(f"cannot read prompts from {path}: {err.strerror or err}") from None
+    prompts = [line.strip() for line in lines if line.strip()]
+    if not prompts:
+        raise StoreError(f"{path} has no prompts (one prompt per line)")
+    return prompts
+
+
+# ----------------------------------------------------------------------------- atomic writes
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # not supported on this platform / filesystem: the rename is still atomic
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write) -> None:
+    """write(tmp_path) then rename to path; on any error the temporary file is removed."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())  # the bytes are on disk before the name says the file is complete
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+
+
+def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file written atomically."""
+    _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def write_json(path: Path, obj) -> None:
+    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2)))
+
+
+def _clean_temporaries(out: Path) -> None:
+    for pattern_dir in (out, out / SHARD_DIR):
+        if pattern_dir.is_dir():
+            for tmp in pattern_dir.glob("*.tmp-*"):
+                tmp.unlink(missing_ok=True)
+
+
+def _shard_is_whole(path: Path, blocks: list[str]) -> bool:
+    """The header of an existing shard lists every block (cheap: no tensor is read)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return set(blocks) | {"image_index"} <= set(f.keys())
+    except Exception:  # noqa: BLE001 - any unreadable file is treated as missing
+        return False
+
+
+# ----------------------------------------------------------------------------- collection
+
+def _capture_images(model, plan: CollectionPlan, start: int, stop: int) -> dict[str, torch.Tensor]:
+    """{block: (n, steps, C, H, W) fp16 on the CPU} for images [start, stop)."""
+    with capture_updates(model, plan.blocks, device="cpu") as cap:
+        generate(model, plan.prompts[start:stop], steps=plan.steps, seed=plan.seeds[start:stop],
+                 guidance=plan.guidance, output_type="latent")
+    return {block: cap.updates(block, plan.half).transpose(0, 1).to(STORE_DTYPE).contiguous()
+            for block in plan.blocks}
+
+
+def _check_plan(out: Path, plan: CollectionPlan) -> None:
+    existing = json.loads((out / PLAN_FILE).read_text())
+    mine = plan.to_dict()
+    differing = sorted(k for k in mine if k != "shapes" and existing.get(k) != mine[k])
+    if differing:
+        raise StoreError(f"{out} holds a collection with other settings ({', '.join(differing)} differ); "
+                         f"resume with the same arguments or choose another --out")
+
+
+def _prepare_directory(out: Path, plan: CollectionPlan) -> None:
+    try:
+        (out / SHARD_DIR).mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise StoreError(f"cannot write to {out}: {err.strerror or err}") from None
+    _clean_temporaries(out)
+    if (out / PLAN_FILE).exists():
+        _check_plan(out, plan)
+    else:
+        try:
+            write_json(out / PLAN_FILE, plan.to_dict())
+        except OSError as err:
+            raise StoreError(f"cannot write {out / PLAN_FILE}: {err.strerror or err}") from None
+
+
+def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, world_size: int = 1,
+            barrier=None, progress: bool = True) -> Path:
+    """Record the plan's block updates into `out`; resumes an interrupted run; returns the manifest path.
+
+    With world_size > 1, call on every rank (barrier: a function that waits for all ranks).
+    """
+    from tqdm import tqdm
+
+    out = Path(out)
+    barrier = barrier or (lambda: None)
+    if plan.half not in ("cond", "uncond"):
+        raise StoreError(f"half must be 'cond' or 'uncond', not {plan.half!r}")
+    if len(plan.seeds) != plan.n_images:
+        raise StoreError(f"{plan.n_images} prompts but {len(plan.seeds)} seeds")
+    if plan.n_images == 0:
+        raise StoreError("no prompts to collect")
+    for block in plan.blocks:  # fail before any work on an unknown block
+        if block not in model.blocks:
+            raise StoreError(f"unknown block {block!r}; the model's blocks are: {', '.join(model.blocks)}")
+    plan.shapes = {b: [plan.steps, model.blocks[b].channels, model.blocks[b].height, model.blocks[b].width]
+                   for b in plan.blocks}
+    if rank == 0:
+        _prepare_directory(out, plan)
+    barrier()
+    if rank != 0:
+        _check_plan(out, plan)
+    shard_dir = out / SHARD_DIR
+    mine = [k for k in range(plan.n_shards) if k % world_size == rank]
+    todo = [k for k in mine if not _shard_is_whole(shard_dir / shard_name(k), plan.blocks)]
+    for shard in tqdm(todo, desc=f"collect (rank {rank})" if world_size > 1 else "collect",
+                      unit="shard", disable=not progress or rank != 0, initial=len(mine) - len(todo),
+                      total=len(mine)):
+        start, stop = plan.shard_range(shard)
+        tensors = _capture_images(model, plan, start, stop)
+        tensors["image_index"] = torch.arange(start, stop, dtype=torch.int64)
+        try:
+            write_shard(shard_dir / shard_name(shard), tensors, metadata={"start": str(start), "stop": str(stop)})
+        except OSError as err:
+            done = sum(_shard_is_whole(shard_dir / shard_name(k), plan.blocks) for k in range(plan.n_shards))
+            raise StoreError(f"cannot write shard {shard} to {shard_dir}: {err.strerror or err}; the store is "
+                             f"consistent ({done} of {plan.n_shards} shards complete): fix the cause and run "
+                             f"the same command again to resume") from None
+    barrier()
+    if rank == 0:
+        missing = [k for k in range(plan.n_shards) if not _shard_is_whole(shard_dir / shard_name(k), plan.blocks)]
+        if missing:
+            raise StoreError(f"{len(missing)} shard(s) missing after collection (first: {missing[0]}); "
+                             f"run the same command again to resume")
+        manifest = plan.to_dict()
+        manifest["n_images"] = plan.n_images
+        manifest["shards"] = [{"file": f"{SHARD_DIR}/{shard_name(k)}", "start": plan.shard_range(k)[0],
+                               "stop": plan.shard_range(k)[1]} for k in range(plan.n_shards)]
+        try:
+            write_json(out / MANIFEST_FILE, manifest)
+        except OSError as err:
+            raise StoreError(f"every shard is written but the manifest is not: {err.strerror or err}; "
+                             f"run the same command again to finish") from None
+    barrier()
+    return out / MANIFEST_FILE
+
+
+# ----------------------------------------------------------------------------- reading
+
+class ActivationStore:
+    """A finished store: per-image access and shuffled streams of (batch, channels) vectors."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        manifest_file = self.path / MANIFEST_FILE
+        if not manifest_file.exists():
+            if (self.path / PLAN_FILE).exists():
+                raise StoreError(f"{self.path} is an unfinished collection: run the same collect command again "
+                                 f"to resume and finish it")
+            raise StoreError(f"{self.path} is not an activation store (no {MANIFEST_FILE})")
+        self.manifest: dict = json.loads(manifest_file.read_text())
+        if self.manifest.get("format") != FORMAT:
+            raise StoreError(f"{manifest_file} is not an {FORMAT} manifest")
+        self.blocks: list[str] = list(self.manifest["blocks"])
+        self.shards: list[dict] = self.manifest["shards"]
+
+    def __len__(self) -> int:
+        return int(self.manifest["n_images"])
+
+    @property
+    def prompts(self) -> list[str]:
+        return list(self.manifest["prompts"])
+
+    def prompt(self, index: int) -> str:
+        return self.manifest["prompts"][index]
+
+    def channels(self, block: str) -> int:
+        return int(self._shape(block)[1])
+
+    def n_vectors(self, block: str) -> int:
+        steps, _, h, w = self._shape(block)
+        return len(self) * steps * h * w
+
+    def _shape(self, block: str) -> list[int]:
+        if block not in self.blocks:
+            raise StoreError(f"block {block!r} is not in the store; it holds: {', '.join(self.blocks)}")
+        return self.manifest["shapes"][block]
+
+    def _read(self, shard: dict, block: str) -> torch.Tensor:
+        """(n, steps, C, H, W) of one shard, as stored (fp16)."""
+        with safe_open(str(self.path / shard["file"]), framework="pt") as f:
+            return f.get_tensor(block)
+
+    def image(self, index: int, block: str) -> torch.Tensor:
+        """(steps, channels, height, width) float32: the block's update at each step of image `index`."""
+        self._shape(block)
+        if not 0 <= index < len(self):
+            raise IndexError(f"image {index} out of range: the store has {len(self)} images")
+        shard = self.shards[index // self.manifest["images_per_shard"]]
+        with safe_open(str(self.path / shard["file"]), framework="pt") as f:
+            return f.get_slice(block)[index - shard["start"]].float()
+
+    def _shard_vectors(self, shard: dict, block: str) -> torch.Tensor:
+        """(n * steps * H * W, C) float32: every position of every step of the shard's images."""
+        x = self._read(shard, block)
+        return x.permute(0, 1, 3, 4, 2).reshape(-1, x.shape[2]).float()
+
+    def batches(self, block: str, batch_size: int, shuffle: bool = True, seed: int = 0,
+                buffer_vectors: int = 1 << 18, drop_last: bool = False) -> Iterator[torch.Tensor]:
+        """One pass over every vector of the block, as float32 (batch, channels) tensors.
+
+        Shuffling is by window: shards are visited in a random order and read until at
+        least `buffer_vectors` vectors are in memory, which are shuffled together and
+        yielded; memory stays about `buffer_vectors * channels * 4` bytes, not the store.
+        """
+        self._shape(block)
+        if batch_size < 1:
+            raise StoreError(f"batch_size must be positive, not {batch_size}")
+        order = list(range(len(self.shards)))
+        generator = torch.Generator().manual_seed(seed)
+        if shuffle:
+            random.Random(seed).shuffle(order)
+        buffer: list[torch.Tensor] = []
+        held = 0
+        carry = None
+        for position, shard_index in enumerate(order):
+            vectors = self._shard_vectors(self.shards[shard_index], block)
+            buffer.append(vectors)
+            held += len(vectors)
+            last = position == len(order) - 1
+            if held < buffer_vectors and not last:
+                continue
+            window = torch.cat(([carry] if carry is not None else []) + buffer)
+            buffer, held = [], 0
+            if shuffle:
+                window = window[torch.randperm(len(window), generator=generator)]
+            n_full = len(window) // batch_size * batch_size
+            for i in range(0, n_full, batch_size):
+                yield window[i:i + batch_size]
+            carry = window[n_full:] if n_full < len(window) else None
+        if carry is not None and len(carry) and not drop_last:
+            yield carry
+
+
+# ----------------------------------------------------------------------------- streaming
+
+def stream_vectors(model, block: str, prompts: Iterable[str], batch_size: int, steps: int | None = None,
+                   guidance: float | None = None, seed: int = 0, images_per_generation: int = 8,
+                   shuffle: bool = True, buffer_vectors: int = 1 << 16, half: str = "cond") -> Iterator[torch.Tensor]:
+    """Float32 (batch, channels) vectors of a block's updates, straight from generation (no disk).
+
+    prompts may be endless (a generator); image i gets seed `seed + i`. Vectors are
+    shuffled within a window of about `buffer_vectors`; the last partial batch is yielded.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    steps = model.default_steps if steps is None else steps
+    guidance = model.default_guidance if guidance is None else guidance
+    pending: list[torch.Tensor] = []
+    held = 0
+    carry = None
+    image_index = 0
+    prompt_iter = iter(prompts)
+
+    def emit(final: bool):
+        nonlocal carry, pending, held
+        window = torch.cat(([carry] if carry is not None else []) + pending)
+        pending, held = [], 0
+        if shuffle:
+            window = window[torch.randperm(len(window), generator=generator)]
+        n_full = len(window) // batch_size * batch_size
+        for i in range(0, n_full, batch_size):
+            yield window[i:i + batch_size]
+        carry = window[n_full:]
+        if final and len(carry):
+            yield carry
+
+    while True:
+        chunk = [p for _, p in zip(range(images_per_generation), prompt_iter)]
+        if not chunk:
+            break
+        seeds = list(range(seed + image_index, seed + image_index + len(chunk)))
+        image_index += len(chunk)
+        with capture_updates(model, [block], device="cpu") as cap:
+            generate(model, chunk, steps=steps, seed=seeds, guidance=guidance, output_type="latent")
+        x = cap.updates(block, half)  # (steps, n, C, H, W)
+        vectors = x.permute(1, 0, 3, 4, 2).reshape(-1, x.shape[2]).float()
+        pending.append(vectors)
+        held += len(vectors)
+        if held >= buffer_vectors:
+            yield from emit(final=False)
+    if pending or (carry is not None and len(carry)):
+        yield from emit(final=True)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="toy", help="toy (embedded), sdxl-turbo, sdxl-base, hub id or directory")
+    parser.add_argument("--blocks", nargs="+", default=list(SDXL_BLOCKS), help="block names (default: the four SDXL blocks)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", help="a text file, one prompt per line")
+    source.add_argument("--world", type=int, metavar="N", help="N random captions of the shapes world")
+    parser.add_argument("--world-seed", type=int, default=0, help="seed of the --world captions")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    parser.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i")
+    parser.add_argument("--half", choices=("cond", "uncond"), default="cond",
+                        help="which half of a CFG batch to store (without CFG the batch is the cond half)")
+    parser.add_argument("--images-per-shard", type=int, default=16)
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--out", required=True, help="store directory (created; resumed if it holds this plan)")
+
+
+def collect_command(args) -> int:
+    from .models import load_t2i
+
+    if args.images_per_shard < 1:
+        raise StoreError("--images-per-shard must be at least 1")
+    if args.world is not None and args.world < 1:
+        raise StoreError("--world must be at least 1")
+    prompts = read_prompts(args.prompts) if args.prompts else world_prompts(args.world, args.world_seed)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    barrier = None
+    device = args.device
+    if world_size > 1:
+        import datetime
+
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+        barrier = dist.barrier
+        if device is None and torch.cuda.is_available():
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    try:
+        model = load_t2i(args.model, device=device)
+        steps = model.default_steps if args.steps is None else args.steps
+        model.check_request(steps)
+        prompts = [model.check_prompt(p) for p in prompts]
+        guidance = model.default_guidance if args.guidance is None else args.guidance
+        plan = CollectionPlan(model=args.model, blocks=[b.removeprefix("unet.") for b in args.blocks],
+                              prompts=prompts, seeds=[args.seed + i for i in range(len(prompts))], steps=steps,
+                              guidance=float(guidance), half=args.half, images_per_shard=args.images_per_shard)
+        manifest = collect(model, plan, args.out, rank=rank, world_size=world_size, barrier=barrier)
+    finally:
+        if world_size > 1:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    if rank == 0:
+        store = ActivationStore(manifest.parent)
+        sizes = ", ".join(f"{b}: {store.n_vectors(b)} x {store.channels(b)}" for b in store.blocks)
+        print(f"wrote {manifest} ({len(store)} images, {len(store.shards)} shards; vectors {sizes})")
+    return 0
