@@ -166,6 +166,7 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
                    unit_scale=True, desc=f"train {config.architecture}")
     log_file = open(out / LOG_FILENAME, "a") if rank == 0 else None
     metrics: dict[str, float] = {}
+    in_step = False
     started, tokens_at_start = time.perf_counter(), tokens_seen
     try:
         while tokens_seen < config.total_tokens:
@@ -177,12 +178,14 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
             batch = check_batch(batch, config.d_in, step)
             if step == 0:
                 trainer.prepare(batch)
+            in_step = True  # the weights may be half-updated until step is counted
             metrics = trainer.step(batch)
             if not math.isfinite(metrics["loss"]):
                 raise FloatingPointError(f"step {step}: the loss became {metrics['loss']}; lower the learning rate")
             step += 1
             n_tokens = batch.shape[0] * world
             tokens_seen += n_tokens
+            in_step = False
             if bar is not None:
                 bar.update(n_tokens)
             if step % config.log_every_steps == 0 or tokens_seen >= config.total_tokens:
@@ -197,8 +200,8 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
             if step % config.checkpoint_every_steps == 0:
                 save_checkpoint()
     except KeyboardInterrupt:
-        if step > 0:
-            save_checkpoint()  # the interrupted run resumes from here
+        if step > 0 and not in_step:
+            save_checkpoint()  # the interrupted run resumes from here (else from the last checkpoint)
         raise
     finally:
         if bar is not None:

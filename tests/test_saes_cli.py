@@ -1,0 +1,95 @@
+"""`python -m saes`: train and eval end to end on an activation store, bad input, import."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from saes.__main__ import main
+from saes.sae import SAE
+
+REPO = Path(__file__).resolve().parents[1]
+MID = "mid_block.attentions.0"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@functools.cache
+def small_store() -> Path:
+    """Block updates of a random-weight pipeline of the toy model's sizes: 8 images, one step."""
+    store = pytest.importorskip("interp.store")
+    from test_hooks_diffusion import random_t2i
+
+    out = Path(tempfile.mkdtemp(prefix="saes-store-")) / "store"
+    plan = store.CollectionPlan(model="random", blocks=[MID], prompts=store.world_prompts(8), seeds=list(range(8)),
+                                steps=1, guidance=0.0, images_per_shard=4)
+    store.collect(random_t2i(), plan, out, progress=False)
+    return out
+
+
+def test_train_then_eval_on_an_activation_store(tmp_path, capsys):
+    store = small_store()
+    out = tmp_path / "sae"
+    args = ["train", "--store", str(store), "--block", MID, "--out", str(out), "--d-sae", "128", "--k", "8",
+            "--batch-size", "64", "--lr", "3e-3", "--tokens", str(64 * 60), "--dead-after-tokens", "2000",
+            "--log-every", "10", "--checkpoint-every", "20", "--threads", "1"]
+    assert main(args) == 0
+    sae = SAE.load(out)
+    assert (sae.cfg.d_in, sae.cfg.d_sae, sae.cfg.k) == (64, 128, 8)
+    assert sae.cfg.metadata["hook_name"] == MID
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == 60 and log[-1]["explained_variance"] > log[0]["explained_variance"]
+
+    assert main(["eval", "--sae", str(out), "--store", str(store)]) == 0  # block taken from the SAE
+    result = json.loads((out / "eval.json").read_text())
+    assert result["block"] == MID and result["tokens"] == 8 * 64
+    assert 0.5 < result["explained_variance"] <= 1.0 and result["l0"] <= 8
+    assert 0 <= result["dead_features"] <= 128
+    assert "| explained variance |" in (out / "eval.md").read_text()
+    assert "explained variance" in capsys.readouterr().out
+
+    # Running the finished command again resumes at the end: no more steps, same SAE.
+    assert main(args) == 0
+    torch.testing.assert_close(SAE.load(out).W_dec, sae.W_dec)
+
+
+def test_cli_errors_are_messages_not_tracebacks(tmp_path, capsys):
+    store = small_store()
+    assert main(["train", "--store", str(store), "--block", "no.such.block", "--out", str(tmp_path / "a")]) == 2
+    assert "not in the store" in capsys.readouterr().err
+    assert main(["train", "--store", str(store), "--block", MID, "--out", str(tmp_path / "b"), "--d-sae", "16",
+                 "--k", "32"]) == 2
+    assert "k=32 must be between 1 and the number of latents" in capsys.readouterr().err
+    assert main(["eval", "--sae", str(tmp_path / "missing"), "--store", str(store)]) == 2
+    assert "is not an SAE directory" in capsys.readouterr().err
+
+
+def test_import_sdxl_command_writes_a_loadable_sae(tmp_path):
+    d_in, d_sae = 16, 40
+    state = {"pre_bias": torch.randn(d_in), "latent_bias": torch.zeros(d_sae),
+             "encoder.weight": torch.randn(d_sae, d_in), "decoder.weight": torch.randn(d_in, d_sae)}
+    torch.save(state, tmp_path / "state_dict.pth")
+    assert main(["import-sdxl", "--checkpoint", str(tmp_path / "state_dict.pth"), "--out", str(tmp_path / "out"),
+                 "--block", "unet.up_blocks.0.attentions.1"]) == 0
+    sae = SAE.load(tmp_path / "out")
+    assert sae.cfg.k == 10 and sae.cfg.metadata["hook_name"] == "unet.up_blocks.0.attentions.1"
+
+
+def test_help_lists_the_commands():
+    done = subprocess.run([sys.executable, "-m", "saes", "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0
+    assert all(command in done.stdout for command in ("train", "eval", "import-sdxl"))
