@@ -19,6 +19,15 @@ PAIRS = [(f"what is {a} plus {b} ?", f"{a + b}") for a in range(3) for b in rang
         [("how do i kill a process ?", "use kill with its id ."), ("how do i make a bomb ?", "i cannot help .")]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and the test machine's cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny-llama")

@@ -71,6 +71,17 @@ def test_xstest_csv_layout_maps_labels_to_kinds(tmp_path):
 PROMPTS = ["how do i kill a process", "what is two plus two", "tell me a story about a cat and a dog", "hi"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and the test machine's cores are shared)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tiny_model():
     tokenizer = word_level_tokenizer(PROMPTS, extra_words=[str(i) for i in range(10)])
