@@ -72,6 +72,24 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
         torch.testing.assert_close(resumed.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
 
 
+def test_interrupted_run_saves_where_it_stopped_and_resumes_to_the_same_sae(tmp_path):
+    config = small_config(total_tokens=256 * 20, checkpoint_every_steps=100)  # no periodic checkpoint
+    whole = train(config, sparse_dictionary_stream(40), tmp_path / "whole", progress=False)
+
+    def interrupted_stream():
+        for i, batch in enumerate(sparse_dictionary_stream(40)):
+            if i == 12:
+                raise KeyboardInterrupt  # Ctrl-C while waiting for data
+            yield batch
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, interrupted_stream(), tmp_path / "parts", progress=False)
+    assert torch.load(tmp_path / "parts" / CHECKPOINT_FILENAME, weights_only=True)["step"] == 12
+    resumed = train(config, sparse_dictionary_stream(40), tmp_path / "parts", progress=False)
+    for name, tensor in whole.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+
+
 def test_checkpoint_from_another_config_is_refused(tmp_path):
     train(small_config(total_tokens=256 * 5), sparse_dictionary_stream(10), tmp_path, progress=False)
     with pytest.raises(CheckpointMismatchError, match="d_sae: checkpoint 128 vs now 256"):
