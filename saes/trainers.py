@@ -61,7 +61,8 @@ class TopKTrainer:
         if self._model is None:
             if _distributed():
                 # DDP broadcasts rank 0's parameters here, so every rank starts identical.
-                self._model = torch.nn.parallel.DistributedDataParallel(self.sae, broadcast_buffers=False)
+                # tokens_since_fired is kept equal on all ranks by record_firing_, no per-forward sync needed.
+                self._model = torch.nn.parallel.DistributedDataParallel(self.sae, forward_sync_buffers=False)
             else:
                 self._model = self.sae
         return self._model
