@@ -25,6 +25,16 @@ def _open_store(path: str, block: str):
     return store
 
 
+def _channels(store, block: str) -> int:
+    """The block's channel count: from the store's manifest if it says, else from a first batch."""
+    if hasattr(store, "channels"):
+        return int(store.channels(block))
+    first = next(iter(store.batches(block, batch_size=2, shuffle=False)), None)
+    if first is None:
+        raise ValueError(f"block {block!r} of the store holds no activations")
+    return int(first.shape[1])
+
+
 def _parse_options(pairs: list[str]) -> dict:
     options = {}
     for pair in pairs:
@@ -50,10 +60,7 @@ def _train(args) -> int:
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.set_num_threads(args.threads)
     store = _open_store(args.store, args.block)
-    first = next(iter(store.batches(args.block, batch_size=2, shuffle=False)), None)
-    if first is None:
-        raise ValueError(f"block {args.block!r} of the store holds no activations")
-    config = TrainConfig(architecture=args.architecture, d_in=int(first.shape[1]), d_sae=args.d_sae, k=args.k,
+    config = TrainConfig(architecture=args.architecture, d_in=_channels(store, args.block), d_sae=args.d_sae, k=args.k,
                          batch_size=args.batch_size, lr=args.lr, total_tokens=args.tokens,
                          dead_after_tokens=args.dead_after_tokens, options=_parse_options(args.option),
                          log_every_steps=args.log_every, checkpoint_every_steps=args.checkpoint_every,

@@ -149,7 +149,10 @@ class SAE(nn.Module):
 
     @classmethod
     def load(cls, path: str | os.PathLike, dtype: str | None = None) -> "SAE":
-        """Load a sae-lens format directory (ours, or one written by sae-lens' save methods)."""
+        """Load a sae-lens format directory (ours, or one written by sae-lens' save methods).
+
+        dtype: the dtype to compute in; float32 unless asked, whatever the file stores
+        (fp16 files are for shipping; CPU hooks run best in float32)."""
         path = Path(path)
         cfg_path, weights_path = path / CFG_FILENAME, path / WEIGHTS_FILENAME
         if not cfg_path.is_file() or not weights_path.is_file():
@@ -215,6 +218,16 @@ class SAE(nn.Module):
                                      f"cfg.json implies {tuple(param.shape)}")
             param.data.copy_(weights[name])
         return sae
+
+    def astype(self, dtype: str) -> "SAE":
+        """A copy stored in `dtype` ("float16" to ship small files); the cfg says so too."""
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        copy = SAE(SAEConfig(**{**asdict(self.cfg), "dtype": dtype}))
+        for name, param in self.named_parameters():
+            getattr(copy, name).data.copy_(param.data)
+        copy.feature_mean, copy.feature_std = self.feature_mean, self.feature_std
+        return copy
 
     def config_dict(self) -> dict:
         return asdict(self.cfg)

@@ -136,7 +136,7 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
         raise ValueError(f"data-parallel training supports the topk architecture only, not {config.architecture!r}")
     trainer = make_trainer(config)
     checkpoint_path = out / CHECKPOINT_FILENAME
-    step, tokens_seen = 0, 0
+    step, tokens_seen, state = 0, 0, {}
     if resume and checkpoint_path.is_file():
         state = load_checkpoint(checkpoint_path, config)
         trainer.load_state_dict(state["trainer"])
@@ -149,7 +149,8 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     def save_checkpoint() -> None:
         if rank == 0:
             atomic_torch_save({"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "step": step,
-                               "tokens_seen": tokens_seen, "trainer": trainer.state_dict()}, checkpoint_path)
+                               "tokens_seen": tokens_seen, "metrics": metrics, "trainer": trainer.state_dict()},
+                              checkpoint_path)
         if world > 1:
             dist.barrier()
 
@@ -164,8 +165,8 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
 
         bar = tqdm(total=config.total_tokens, initial=min(tokens_seen, config.total_tokens), unit="tok",
                    unit_scale=True, desc=f"train {config.architecture}")
-    log_file = open(out / LOG_FILENAME, "a") if rank == 0 else None
-    metrics: dict[str, float] = {}
+    log_file = open(out / LOG_FILENAME, "a" if step > 0 else "w") if rank == 0 else None
+    metrics: dict[str, float] = dict(state["metrics"]) if step > 0 else {}
     in_step = False
     started, tokens_at_start = time.perf_counter(), tokens_seen
     try:

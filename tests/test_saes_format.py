@@ -136,3 +136,15 @@ def test_import_refuses_pickled_objects_and_wrong_layouts(tmp_path):
 def test_wrong_channel_count_is_a_clear_error():
     with pytest.raises(ValueError, match="expects 24 channels"):
         _trained_like_topk().encode(torch.randn(3, 25))
+
+
+def test_float16_copy_saves_half_the_bytes_and_reconstructs_closely(tmp_path):
+    ours = _trained_like_topk()
+    ours.save(tmp_path / "fp32")
+    ours.astype("float16").save(tmp_path / "fp16")
+    size = lambda name: (tmp_path / name / "sae_weights.safetensors").stat().st_size  # noqa: E731
+    assert size("fp16") < 0.6 * size("fp32")
+    half = SAE.load(tmp_path / "fp16", dtype="float16")
+    assert half.W_enc.dtype == torch.float16 and json.loads((tmp_path / "fp16" / "cfg.json").read_text())["dtype"] == "float16"
+    x = torch.randn(50, 24)
+    torch.testing.assert_close(half(x).float(), ours(x), rtol=0.02, atol=0.02)
