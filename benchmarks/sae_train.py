@@ -8,7 +8,8 @@ Measures samples/s of
   encode-only   x -> (x - b) W_enc + b_enc -> TopK, no gradient: the practical ceiling of any trainer
 and prints ours / sae-lens (target >= 3) and ours / encode-only (target >= 0.6).
 The three are interleaved step by step so that load from other processes hits all alike;
-the median step time of each is reported.
+the median step time of each is reported. With --dead-latents N both trainers also run their
+AuxK loss (ours: dense over the dead latents' columns only; sae-lens: over all latents).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=3, help="measured steps of each, after one warm-up step")
+    parser.add_argument("--dead-latents", type=int, default=0,
+                        help="mark this many latents dead in both trainers, to include the AuxK path")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--out", default="runs/benchmarks/sae_train.json")
     args = parser.parse_args()
@@ -44,6 +47,10 @@ def main() -> None:
     batches = [torch.randn(args.batch_size, args.d_in, generator=generator) for _ in range(2)]
     ours.prepare(batches[0])
     inference = ours.to_inference()
+    if args.dead_latents:
+        dead = torch.randperm(args.d_sae, generator=generator)[:args.dead_latents]
+        ours.sae.tokens_since_fired[dead] = config.dead_after_tokens
+        lens.trainer.n_forward_passes_since_fired[dead] = lens.trainer.cfg.dead_feature_window + 1
 
     def encode_only(batch):
         with torch.no_grad():
@@ -63,7 +70,8 @@ def main() -> None:
     samples_per_s = {name: args.batch_size / statistics.median(times) for name, times in seconds.items()}
     result = {
         "shape": {"d_in": args.d_in, "d_sae": args.d_sae, "k": args.k, "batch_size": args.batch_size},
-        "threads": args.threads, "measured_steps": args.steps, "torch": torch.__version__,
+        "threads": args.threads, "measured_steps": args.steps, "dead_latents": args.dead_latents,
+        "torch": torch.__version__,
         "samples_per_s": samples_per_s,
         "step_seconds": seconds,
         "ours_over_sae_lens": samples_per_s["ours"] / samples_per_s["sae_lens"],
