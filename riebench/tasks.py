@@ -424,6 +424,13 @@ def _object_pixels(obj: shapes.ShapeObject) -> np.ndarray:
     return shapes.object_mask(obj) > 0.0
 
 
+def _background_pixels(scene: shapes.Scene) -> np.ndarray:
+    coverage = np.zeros((shapes.IMAGE_SIZE, shapes.IMAGE_SIZE), np.float32)
+    for obj in scene.objects:
+        coverage = np.maximum(coverage, shapes.object_mask(obj))
+    return coverage < 1.0
+
+
 def _cell_pixels(position: str) -> np.ndarray:
     mask = np.zeros((shapes.IMAGE_SIZE, shapes.IMAGE_SIZE), bool)
     x0, y0, x1, y1 = shapes.cell_box(position)
@@ -500,7 +507,7 @@ def shapes_suite(config: ShapesSuiteConfig | None = None, categories: list[str] 
     Prompts are the canonical captions of the scenes (`shapes.caption` without wording
     noise), so the two prompts differ only in the edited words. Masks are exact: the
     edited object's pixels (or its grid cell where the object is absent: the source of an
-    addition, the target of a deletion), and the inverse of the foreground for background
+    addition, the target of a deletion), and every pixel where background shows for background
     changes. Both scenes of every task belong to `config.split` of the world.
     """
     cfg = (config or ShapesSuiteConfig()).validate()
@@ -527,7 +534,8 @@ def shapes_suite(config: ShapesSuiteConfig | None = None, categories: list[str] 
             seen.add((prompt_a, prompt_b))
             foreground = shapes.foreground_mask(original) | shapes.foreground_mask(target)
             if category == "change background":
-                source = target_mask = ~foreground
+                # Everywhere some background shows, anti-aliased object edges included.
+                source = target_mask = _background_pixels(original)
             else:
                 source_obj = next((o for o in original.objects if o.position == p), None)
                 target_obj = next((o for o in target.objects if o.position == q), None)

@@ -1,0 +1,190 @@
+"""Tables and plots of a run directory (see `riebench.runner`).
+
+- categories.md / categories.csv: per configuration and category, mean success,
+  preservation, pixel distance outside the edit regions, distance to the exact target;
+- headline.md: per category, the best success of each method among its configurations
+  whose preservation is at least `min_preservation` (methods compared at equal
+  preservation), and the prompt swap beside them;
+- blocks.md / blocks.csv: per configuration and category, the share of selected units
+  (SAE features, neurons) that come from each block;
+- tradeoff.png / tradeoff.html: success against preservation over the sweep of k_trans
+  and m, one curve per method (matplotlib and an interactive plotly page);
+- report.json: all of the above as data, plus failed tasks and skipped metrics.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from .runner import load_results
+from .tasks import atomic_write_text
+
+MAIN_METRICS = ("success", "preservation", "outside_pixel_distance", "target_distance")
+
+
+def _config_id(result: dict) -> tuple:
+    c = result["config"]
+    if c["method"] == "prompt-swap":
+        return ("prompt-swap", 0, 0.0)
+    return (result["label"], c["k_trans"], c["multiplier"])
+
+
+def category_table(results: list[dict]) -> list[dict]:
+    """One row per (configuration, category) and per configuration over all categories."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        groups[_config_id(r) + (r["category"],)].append(r)
+        groups[_config_id(r) + ("all",)].append(r)
+    rows = []
+    for (label, k, m, category), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
+                                                                            kv[0][3] == "all", kv[0][3])):
+        row = {"method": label, "k_trans": k, "m": m, "category": category, "n": len(rs)}
+        for metric in sorted({key for r in rs for key in r["metrics"]}):
+            values = [r["metrics"][metric] for r in rs if metric in r["metrics"]]
+            row[metric] = float(np.mean(values)) if values else None
+        rows.append(row)
+    return rows
+
+
+def headline_table(rows: list[dict], min_preservation: float) -> list[dict]:
+    """Per category and method: the best success among configurations preserving at least the threshold."""
+    best: dict[tuple, dict] = {}
+    for row in rows:
+        if "success" not in row or row.get("preservation") is None:
+            continue
+        method = row["method"]
+        if method != "prompt-swap" and row["preservation"] < min_preservation:
+            continue
+        key = (row["category"], method)
+        if key not in best or row["success"] > best[key]["success"]:
+            best[key] = row
+    return [best[k] for k in sorted(best)]
+
+
+def block_table(results: list[dict]) -> list[dict]:
+    """Share of selected units per block, per (configuration, category)."""
+    counts: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in results:
+        for unit in r.get("selected", []):
+            for category in (r["category"], "all"):
+                counts[_config_id(r) + (category,)][unit["block"]] += 1
+    rows = []
+    for (label, k, m, category), per_block in sorted(counts.items()):
+        total = sum(per_block.values())
+        row = {"method": label, "k_trans": k, "m": m, "category": category, "units": total}
+        row.update({block: count / total for block, count in sorted(per_block.items())})
+        rows.append(row)
+    return rows
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return "" if value is None else str(value)
+
+
+def to_markdown(rows: list[dict], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "(no results)\n"
+    columns = columns or list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[dict]) -> str:
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def tradeoff_curves(rows: list[dict]) -> dict[str, list[dict]]:
+    """Method -> points (k_trans, m, success, preservation) over all categories, ordered for a curve."""
+    curves: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if row["category"] == "all" and row.get("success") is not None and row.get("preservation") is not None:
+            curves[row["method"]].append({k: row[k] for k in ("k_trans", "m", "success", "preservation")})
+    for points in curves.values():
+        points.sort(key=lambda p: (-p["preservation"], p["success"]))
+    return dict(curves)
+
+
+def plot_tradeoff(curves: dict[str, list[dict]], png: Path, html: Path) -> list[str]:
+    """Write the PNG (matplotlib) and HTML (plotly); returns what could not be written and why."""
+    problems = []
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4.5))
+        for method, points in sorted(curves.items()):
+            xs, ys = [p["preservation"] for p in points], [p["success"] for p in points]
+            if method == "prompt-swap":
+                ax.scatter(xs, ys, marker="*", s=160, color="black", label=method, zorder=3)
+            else:
+                ax.plot(xs, ys, marker="o", label=method)
+        ax.set_xlabel("preservation (other attributes unchanged)")
+        ax.set_ylabel("edit success")
+        ax.set_xlim(-0.02, 1.02)
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title("RIEBench: success vs preservation over k_trans and m")
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
+        plt.close(fig)
+    except ImportError as err:
+        problems.append(f"tradeoff.png: {err}")
+    try:
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        for method, points in sorted(curves.items()):
+            text = [f"k_trans={p['k_trans']} m={p['m']:g}" for p in points]
+            fig.add_trace(go.Scatter(x=[p["preservation"] for p in points], y=[p["success"] for p in points],
+                                     mode="markers" if method == "prompt-swap" else "lines+markers",
+                                     name=method, text=text,
+                                     hovertemplate="%{text}<br>preservation %{x:.3f}<br>success %{y:.3f}"))
+        fig.update_layout(xaxis_title="preservation", yaxis_title="edit success",
+                          title="RIEBench: success vs preservation over k_trans and m")
+        fig.write_html(str(html), include_plotlyjs=True)
+    except ImportError as err:
+        problems.append(f"tradeoff.html: {err}")
+    return problems
+
+
+def write_report(out: str | os.PathLike, min_preservation: float = 0.9, plots: bool = True) -> dict:
+    """Read a run directory's results and write the tables and plots into it; returns report.json's data."""
+    out = Path(out)
+    results, failed = load_results(out)
+    rows = category_table(results)
+    headline = headline_table(rows, min_preservation)
+    blocks = block_table(results)
+    curves = tradeoff_curves(rows)
+    skipped = sorted({f"{k}: {v}" for r in results for k, v in r.get("skipped_metrics", {}).items()})
+    main_columns = ["method", "k_trans", "m", "category", "n"] + [c for c in MAIN_METRICS if any(c in r for r in rows)]
+    atomic_write_text(out / "categories.md", to_markdown(rows, main_columns))
+    atomic_write_text(out / "categories.csv", to_csv(rows))
+    atomic_write_text(out / "headline.md", f"Best success per category and method at preservation >= "
+                      f"{min_preservation:g} (prompt swap: as it is)\n\n" + to_markdown(headline, main_columns))
+    atomic_write_text(out / "blocks.md", to_markdown(blocks))
+    atomic_write_text(out / "blocks.csv", to_csv(blocks) if blocks else "")
+    problems = plot_tradeoff(curves, out / "tradeoff.png", out / "tradeoff.html") if plots and curves else []
+    report = {"results": len(results), "failed": [{"task": f["task"], "label": f["label"], "error": f["error"]}
+                                                  for f in failed],
+              "skipped_metrics": skipped, "categories": rows, "headline": headline, "blocks": blocks,
+              "curves": curves, "plot_problems": problems, "min_preservation": min_preservation}
+    atomic_write_text(out / "report.json", json.dumps(report, indent=1))
+    return report

@@ -1,0 +1,219 @@
+"""Run edit methods over a suite: one JSON per task and configuration, resumable.
+
+Layout of an output directory:
+
+    run.json                          the run's configuration (RunConfig)
+    results/<config key>/<task>.json  one finished task: metrics, selected units, timings
+    images/<config key>/<task>.png    the edited image (with save_images)
+
+Each result file is written through a temporary file and a rename, so a finished task's
+result survives any later failure; a rerun skips every (configuration, task) whose file
+exists. A task that fails records `error` in its file and is retried by the next run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .methods import METHODS, MethodConfig, MethodError, load_saes, make_method, prepare_task, run_plan
+from .metrics import RealImageMetrics, shapes_metrics
+from .tasks import ShapesSuiteConfig, Suite, TaskError, atomic_write_text, read_riebench_json, shapes_suite
+
+
+@dataclass
+class RunConfig:
+    """Everything that determines a run's results (written to run.json)."""
+
+    model: str = "toy"
+    suite: str = "shapes"               # "shapes" (generated) or a task file (ours or the public RIEBench JSON)
+    suite_seed: int = 0                 # shapes suite only
+    categories: list[str] | None = None
+    limit_per_category: int | None = None
+    mask_dir: str | None = None         # PNG masks for the public RIEBench file
+    saes: str | None = None             # directory with one SAE directory per block
+    steps: int | None = None            # denoising steps; None: the model's default
+    seed: int | None = None             # None: each task's own seed
+    configs: list[MethodConfig] = field(default_factory=lambda: [MethodConfig()])
+    save_images: bool = False
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["configs"] = [c.to_dict() for c in self.configs]
+        return d
+
+
+def load_suite(cfg: RunConfig) -> Suite:
+    if cfg.suite == "shapes":
+        suite = shapes_suite(ShapesSuiteConfig(seed=cfg.suite_seed))
+    elif cfg.mask_dir is not None:
+        suite = read_riebench_json(cfg.suite, cfg.mask_dir)
+    else:
+        suite = Suite.load(cfg.suite)
+    return suite.select(cfg.categories, cfg.limit_per_category)
+
+
+def result_path(out: Path, config: MethodConfig, task_id: str) -> Path:
+    return out / "results" / config.key() / f"{task_id}.json"
+
+
+def is_done(path: Path) -> bool:
+    """A result file that holds a finished task (a failed one is retried)."""
+    try:
+        return "error" not in json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(data, indent=1))
+
+
+def _save_png(path: Path, image) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    (image if hasattr(image, "save") else Image.fromarray(np.asarray(image, np.uint8))).save(tmp)
+    os.replace(tmp, path)
+
+
+class Runner:
+    """Holds the model, SAEs, suite and methods of a run; `run()` fills the results directory."""
+
+    def __init__(self, cfg: RunConfig, out: str | os.PathLike, model=None, saes: dict | None = None,
+                 suite: Suite | None = None, progress: bool = True):
+        self.cfg = cfg
+        self.out = Path(out)
+        self.suite = suite if suite is not None else load_suite(cfg)
+        if not self.suite.tasks:
+            raise TaskError("no task selected")
+        if saes is None and not cfg.saes and any(METHODS[c.method].needs_saes for c in cfg.configs):
+            raise MethodError("the sae method needs SAEs: pass --saes DIR (one SAE directory per block)")
+        if model is None:
+            from interp.models import load_t2i
+
+            model = load_t2i(cfg.model, device="cpu" if not torch.cuda.is_available() else None)
+        self.model = model
+        blocks = sorted({b for c in cfg.configs for b in c.blocks})
+        if saes is None and cfg.saes:
+            saes = load_saes(cfg.saes, blocks)
+        self.saes = saes or {}
+        self.methods = {}
+        for config in cfg.configs:  # every configuration is checked before anything is generated
+            method = self.methods.setdefault(config.method, make_method(config.method, model, self.saes))
+            method.check(config)
+        self.blocks = blocks
+        self.needs_neurons = any(METHODS[c.method].needs_neurons for c in cfg.configs)
+        self.progress = progress
+        self._real_metrics = None
+
+    def real_metrics(self) -> RealImageMetrics:
+        if self._real_metrics is None:
+            self._real_metrics = RealImageMetrics()
+        return self._real_metrics
+
+    def pending(self) -> list[tuple]:
+        """(task, [configs still to run]) for every task with work left."""
+        work = []
+        for task in self.suite.tasks:
+            todo = [c for c in self.cfg.configs if not is_done(result_path(self.out, c, task.id))]
+            if todo:
+                work.append((task, todo))
+        return work
+
+    def score(self, task, edited_image, ctx) -> tuple[dict, dict]:
+        if task.original_scene is not None:
+            return shapes_metrics(task, edited_image, ctx.original_image), {}
+        metrics = self.real_metrics()
+        return metrics(edited_image, ctx.original_image, task.edited), dict(metrics.skipped)
+
+    def run(self) -> dict:
+        """Run every pending (task, configuration); returns counts of done, skipped and failed."""
+        from tqdm import tqdm
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        write_json(self.out / "run.json", {"run": self.cfg.to_dict(), "suite": {
+            "name": self.suite.name, "version": self.suite.version, "seed": self.suite.seed,
+            "tasks": len(self.suite.tasks)}})
+        work = self.pending()
+        counts = {"done": 0, "already_done": len(self.suite.tasks) * len(self.cfg.configs)
+                  - sum(len(t) for _, t in work), "failed": 0}
+        bar = tqdm(total=sum(len(t) for _, t in work), desc="riebench", unit="edit", disable=not self.progress)
+        for task, todo in work:
+            try:
+                started = time.perf_counter()
+                ctx = prepare_task(self.model, task, self.blocks, seed=self.cfg.seed, steps=self.cfg.steps,
+                                   neurons=self.needs_neurons, mask_threshold=todo[0].mask_threshold)
+                prepare_seconds = time.perf_counter() - started
+            except (TaskError, MethodError) as err:
+                for config in todo:
+                    self._fail(task, config, err)
+                counts["failed"] += len(todo)
+                bar.update(len(todo))
+                continue
+            for config in todo:
+                try:
+                    started = time.perf_counter()
+                    plan = self.methods[config.method].plan(ctx, config)
+                    edited = run_plan(self.model, ctx, plan)
+                    edit_seconds = time.perf_counter() - started
+                    metrics, skipped = self.score(task, edited, ctx)
+                    result = {"task": task.id, "category": task.category, "label": config.label,
+                              "config": config.to_dict(), "seed": ctx.seed, "steps": ctx.steps,
+                              "metrics": metrics, "skipped_metrics": skipped, "selected": plan.selected,
+                              "n_edits": len(plan.edits), "notes": ctx.notes,
+                              "seconds": {"prepare": prepare_seconds, "edit": edit_seconds}}
+                    if self.cfg.save_images:
+                        _save_png(self.out / "images" / config.key() / f"{task.id}.png", edited)
+                    write_json(result_path(self.out, config, task.id), result)
+                    counts["done"] += 1
+                except KeyboardInterrupt:
+                    raise
+                except Exception as err:  # noqa: BLE001 - recorded per task; finished results stay
+                    self._fail(task, config, err)
+                    counts["failed"] += 1
+                bar.update(1)
+        bar.close()
+        return counts
+
+    def _fail(self, task, config, err) -> None:
+        write_json(result_path(self.out, config, task.id), {
+            "task": task.id, "category": task.category, "label": config.label, "config": config.to_dict(),
+            "error": f"{type(err).__name__}: {err}",
+            "traceback": "".join(traceback.format_exception(err))[-4000:]})
+
+
+def load_results(out: str | os.PathLike) -> tuple[list[dict], list[dict]]:
+    """(finished results, failed results) of a run directory."""
+    done, failed = [], []
+    for path in sorted(Path(out).glob("results/*/*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            continue
+        (failed if "error" in data else done).append(data)
+    return done, failed
+
+
+def sweep_configs(k_values: list[int], multipliers: list[float], blocks: list[str],
+                  methods: tuple[str, ...] = ("sae", "sae-adaptive", "neurons", "activation-diff"),
+                  per_block: bool = False) -> list[MethodConfig]:
+    """The grid of k_trans x m for each method, the prompt swap, and (per_block) each block alone."""
+    configs = [MethodConfig("prompt-swap", blocks=list(blocks))]
+    for name in methods:
+        method, variant = ("sae", "adaptive") if name == "sae-adaptive" else (name, "static")
+        for k in k_values:
+            for m in multipliers:
+                configs.append(MethodConfig(method, k, m, list(blocks), variant))
+                if per_block and len(blocks) > 1:
+                    configs += [MethodConfig(method, k, m, [b], variant) for b in blocks]
+    return configs
