@@ -67,10 +67,19 @@ def _train(args) -> int:
                          seed=args.seed, metadata={"hook_name": args.block, "store": str(args.store)}).validate()
 
     def stream():
-        """Epochs of shuffled batches, for as long as training asks; rank r takes every world-th batch."""
+        """Epochs of shuffled batches, for as long as training asks; rank r takes every world-th batch.
+        Under DDP only full batches are used, so that every rank counts the same tokens per step."""
         for epoch in itertools.count():
             batches = store.batches(args.block, batch_size=args.batch_size, shuffle=True, seed=args.seed + epoch)
-            yield from itertools.islice(batches, rank, None, world)
+            if world > 1:
+                batches = (batch for batch in batches if len(batch) == args.batch_size)
+            yielded = 0
+            for batch in itertools.islice(batches, rank, None, world):
+                yielded += 1
+                yield batch
+            if yielded == 0:
+                raise ValueError(f"block {args.block!r} of the store has too few vectors for one batch of "
+                                 f"{args.batch_size} per process; lower --batch-size")
 
     train(config, stream(), args.out, resume=not args.restart)
     if rank == 0:
