@@ -178,7 +178,7 @@ def test_two_threads_on_one_pipeline_give_exactly_the_images_each_gives_alone(mo
         _generate_in_thread(model, edits, alone, key, _ready())
     assert not np.array_equal(alone["edited"], alone["plain"])
     assert not np.array_equal(alone["other"], alone["plain"])
-    for _ in range(2):
+    for _ in range(3):  # a race shows up only sometimes: several rounds
         together, start = {}, threading.Barrier(len(jobs))
         threads = [threading.Thread(target=_generate_in_thread, args=(model, edits, together, key, start))
                    for key, edits in jobs.items()]

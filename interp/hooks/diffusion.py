@@ -16,14 +16,16 @@ unconditional and conditional batches as one batch `[uncond, cond]`; records kee
 two halves apart.
 
 The pipeline object itself is not safe to call from two threads at once (it keeps the
-scheduler's step state and the guidance scale on itself); `run_pipeline` calls it
-through a private shallow copy with its own scheduler, and `generate` is a thread-safe
-counterpart of `T2IModel.generate` built on it.
+scheduler's step state and the guidance scale on itself, and its tokenizers keep
+padding settings between calls); `run_pipeline` calls it through a private shallow copy
+with its own scheduler and a lock around prompt encoding, and `generate` is a
+thread-safe counterpart of `T2IModel.generate` built on it.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -98,15 +100,30 @@ def do_cfg(pipe, guidance_scale: float) -> bool:
     return guidance_scale > 1.0 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
 
 
+# Tokenizers keep padding/truncation settings on themselves between calls (the Rust
+# backend is set up per call), so two threads tokenizing at once get each other's lengths.
+# Text encoding is a small part of a generation: it is serialised, denoising is not.
+_TEXT_LOCK = threading.RLock()
+
+
 def private_pipeline(pipe):
     """A shallow copy of the pipeline that shares every model but owns its scheduler and call state.
 
     diffusers pipelines keep per-call state on themselves (`_guidance_scale`, the
     scheduler's timesteps and step index); two threads calling one pipeline overwrite it.
+    Its prompt encoding holds a process-wide lock (shared tokenizers are not thread-safe).
     """
     private = copy.copy(pipe)
     # Bypass DiffusionPipeline.__setattr__, which would rewrite the shared config.
     private.__dict__["scheduler"] = copy.deepcopy(pipe.scheduler)
+    if hasattr(private, "encode_prompt"):
+        encode_prompt = private.encode_prompt
+
+        def locked_encode_prompt(*args, **kwargs):
+            with _TEXT_LOCK:
+                return encode_prompt(*args, **kwargs)
+
+        private.__dict__["encode_prompt"] = locked_encode_prompt
     return private
 
 
@@ -128,7 +145,8 @@ def generate(model, prompt: str | list[str], steps: int | None = None, seed: int
     Returns PIL images (or, with output_type="np", a float array (batch, height, width, 3) in [0, 1]).
     """
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-    prompts = [model.check_prompt(p) for p in prompts]
+    with _TEXT_LOCK:  # check_prompt tokenizes with the shared tokenizers
+        prompts = [model.check_prompt(p) for p in prompts]
     steps = model.default_steps if steps is None else steps
     model.check_request(steps, height, width)
     guidance = model.default_guidance if guidance is None else float(guidance)
