@@ -100,29 +100,22 @@ class T2IModel:
                                  f"not {side!r}")
 
     def generate(self, prompt: str | list[str], steps: int | None = None, seed: int | list[int] = 0,
-                 guidance: float | None = None, height: int | None = None, width: int | None = None) -> list:
-        """PIL images, one per prompt; the same seed gives the same image."""
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        prompts = [self.check_prompt(p) for p in prompts]
-        steps = self.default_steps if steps is None else steps
-        self.check_request(steps, height, width)
-        guidance = self.default_guidance if guidance is None else float(guidance)
-        seeds = [seed] * len(prompts) if isinstance(seed, (int, np.integer)) else list(seed)
-        device = self.pipe.unet.device
-        generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
-        latents = self.initial_latents(generators, height, width)
-        with torch.inference_mode():
-            out = self.pipe(prompts, num_inference_steps=steps, guidance_scale=guidance, latents=latents.to(device),
-                            height=height, width=width)
-        return out.images
+                 guidance: float | None = None, height: int | None = None, width: int | None = None,
+                 output_type: str = "pil") -> list:
+        """PIL images, one per prompt; the same seed gives the same image. Safe to call from
+        several threads at once (see `interp.hooks.diffusion.generate`)."""
+        from ..hooks.diffusion import generate
+
+        return generate(self, prompt, steps=steps, seed=seed, guidance=guidance, height=height, width=width,
+                        output_type=output_type)
 
     def initial_latents(self, generators: list, height: int | None = None, width: int | None = None) -> torch.Tensor:
-        """Starting noise drawn on the CPU, so a seed gives the same image on any device."""
+        """Starting noise (batch, channels, h, w) drawn on the CPU, so a seed gives the same image on any device."""
         h = (height or self.default_size) // self.pipe.vae_scale_factor
         w = (width or self.default_size) // self.pipe.vae_scale_factor
         c = self.pipe.unet.config.in_channels
-        noise = torch.stack([torch.randn((c, h, w), generator=g) for g in generators])
-        return (noise * self.pipe.scheduler.init_noise_sigma).to(self.pipe.unet.dtype)
+        # Unit noise: diffusers' prepare_latents scales given latents by init_noise_sigma itself.
+        return torch.stack([torch.randn((c, h, w), generator=g) for g in generators]).to(self.pipe.unet.dtype)
 
 
 def _words(prompt: str) -> list[str]:
