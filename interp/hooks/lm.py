@@ -1,0 +1,274 @@
+"""Residual-stream capture for language models, under TransformerLens' hook names.
+
+The names are a public contract: ``blocks.{l}.hook_resid_pre`` (the stream entering block ``l``),
+``blocks.{l}.hook_resid_mid`` (after the block's attention has been added) and
+``blocks.{l}.hook_resid_post`` (leaving the block, before any final LayerNorm). A TransformerLens
+``HookedTransformer`` is hooked at those hook points; a Hugging Face causal LM at the same places
+through its decoder layers (pre-hook: resid_pre, hook: resid_post) and their attention module
+(resid_mid = resid_pre + attention output), so both give the same numbers for the same model.
+
+    with residual_capture(lm, ["blocks.2.hook_resid_post"]) as capture:
+        lm.model(input_ids)
+    capture.activations["blocks.2.hook_resid_post"]    # (batch, positions, d_model)
+
+Nothing stays registered once the ``with`` block ends, also when it raises.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from contextlib import contextmanager
+from typing import Iterable, Sequence
+
+import torch
+
+RESIDUAL_HOOKS = ("resid_pre", "resid_mid", "resid_post")
+_NAME = re.compile(r"^blocks\.(\d+)\.hook_(resid_pre|resid_mid|resid_post)$")
+_LAYER_LISTS = ("transformer.h", "model.layers", "model.decoder.layers", "gpt_neox.layers", "transformer.blocks",
+                "transformer.layers", "model.language_model.layers")
+_ATTENTION_NAMES = ("attn", "self_attn", "attention", "self_attention")
+
+
+class LMHookError(ValueError):
+    """A hook name a model does not have, or input the capture cannot take; the message lists what is valid."""
+
+
+def residual_hook_names(n_layers: int, hooks: Iterable[str] = RESIDUAL_HOOKS) -> list[str]:
+    """Every residual hook name of a model with ``n_layers`` blocks, in forward order."""
+    hooks = list(hooks)
+    return [f"blocks.{layer}.hook_{h}" for layer in range(n_layers) for h in RESIDUAL_HOOKS if h in hooks]
+
+
+def _describe_valid(n_layers: int) -> str:
+    return (f"valid names are blocks.{{l}}.hook_resid_pre|resid_mid|resid_post for l in 0..{n_layers - 1} "
+            f"(e.g. blocks.0.hook_resid_pre, blocks.{n_layers - 1}.hook_resid_post)")
+
+
+def parse_hook_name(name: str, n_layers: int) -> tuple[int, str]:
+    """``"blocks.3.hook_resid_post"`` -> ``(3, "resid_post")``; a clear error for anything else."""
+    match = _NAME.match(name)
+    if match is None or int(match.group(1)) >= n_layers:
+        raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(n_layers)}")
+    return int(match.group(1)), match.group(2)
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The list of decoder blocks of a Hugging Face causal LM."""
+    n_layers = getattr(model.config, "num_hidden_layers", None)
+    for path in _LAYER_LISTS:
+        module = model
+        for part in path.split("."):
+            module = getattr(module, part, None)
+            if module is None:
+                break
+        if isinstance(module, torch.nn.ModuleList) and (n_layers is None or len(module) == n_layers):
+            return module
+    candidates = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers]
+    if len(candidates) == 1:
+        return candidates[0]
+    raise LMHookError(f"cannot find the decoder layers of {type(model).__name__} (looked at {', '.join(_LAYER_LISTS)})")
+
+
+def attention_module(layer) -> torch.nn.Module:
+    for name in _ATTENTION_NAMES:
+        module = getattr(layer, name, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    raise LMHookError(f"cannot find the attention module of {type(layer).__name__} "
+                      f"(looked for {', '.join(_ATTENTION_NAMES)}): resid_mid is not available")
+
+
+def _first_tensor(value) -> torch.Tensor:
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
+def _is_parallel(config) -> bool:
+    """Models whose attention and MLP read the same input have no resid_mid (TransformerLens has none either)."""
+    return bool(getattr(config, "use_parallel_residual", False) or getattr(config, "parallel_attn", False)
+                or getattr(config, "model_type", "") in ("gptj", "phi", "falcon"))
+
+
+class ResidualCapture:
+    """Records residual-stream activations by TransformerLens name while it is entered.
+
+    ``last_index`` (batch,) keeps only the position given per row: tensors are then (batch, d_model);
+    otherwise (batch, positions, d_model). Activations are detached, float32, on the CPU.
+    """
+
+    def __init__(self, lm, names: Sequence[str], last_index: torch.Tensor | None = None):
+        self.lm = lm
+        self.names = list(dict.fromkeys(names))
+        self.parsed = {name: parse_hook_name(name, lm.n_layers) for name in self.names}
+        if lm.backend == "hf" and _is_parallel(lm.model.config) and any(h == "resid_mid" for _, h in self.parsed.values()):
+            raise LMHookError(f"{type(lm.model).__name__} computes attention and MLP in parallel: it has no "
+                              f"resid_mid; ask for resid_pre or resid_post")
+        self.last_index = last_index
+        self.activations: dict[str, torch.Tensor] = {}
+        self._handles: list = []
+
+    def _keep(self, name: str, tensor: torch.Tensor) -> None:
+        tensor = tensor.detach()
+        if self.last_index is not None:
+            tensor = tensor[torch.arange(tensor.shape[0], device=tensor.device), self.last_index.to(tensor.device)]
+        self.activations[name] = tensor.float().cpu()
+
+    def __enter__(self) -> "ResidualCapture":
+        try:
+            if self.lm.backend == "transformer_lens":
+                self._register_transformer_lens()
+            else:
+                self._register_hf()
+        except BaseException:
+            self.remove()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _register_transformer_lens(self) -> None:
+        hook_dict = self.lm.model.hook_dict
+        for name in self.names:
+            if name not in hook_dict:
+                raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(self.lm.n_layers)}")
+            self._handles.append(hook_dict[name].register_forward_hook(
+                lambda module, inputs, output, name=name: self._keep(name, output)))
+
+    def _register_hf(self) -> None:
+        layers = decoder_layers(self.lm.model)
+        by_layer: dict[int, set[str]] = {}
+        for layer, hook in self.parsed.values():
+            by_layer.setdefault(layer, set()).add(hook)
+        for layer, hooks in by_layer.items():
+            block = layers[layer]
+            pre_name, mid_name, post_name = (f"blocks.{layer}.hook_{h}" for h in RESIDUAL_HOOKS)
+            stream_in: dict[str, torch.Tensor] = {}
+
+            def on_block_input(module, args, kwargs, hooks=hooks, stream_in=stream_in, pre_name=pre_name):
+                hidden = args[0] if args else kwargs["hidden_states"]
+                stream_in["x"] = hidden
+                if "resid_pre" in hooks:
+                    self._keep(pre_name, hidden)
+
+            self._handles.append(block.register_forward_pre_hook(on_block_input, with_kwargs=True))
+            if "resid_mid" in hooks:
+                def on_attention_output(module, inputs, output, stream_in=stream_in, mid_name=mid_name):
+                    self._keep(mid_name, stream_in["x"] + _first_tensor(output))
+
+                self._handles.append(attention_module(block).register_forward_hook(on_attention_output))
+            if "resid_post" in hooks:
+                self._handles.append(block.register_forward_hook(
+                    lambda module, inputs, output, post_name=post_name: self._keep(post_name, _first_tensor(output))))
+
+
+def residual_capture(lm, names: Sequence[str], last_index: torch.Tensor | None = None) -> ResidualCapture:
+    """Context manager recording the named residual activations of every forward pass run inside it."""
+    return ResidualCapture(lm, names, last_index)
+
+
+@torch.no_grad()
+def forward_padded(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
+    """One forward pass of a padded batch (left or right padding), positions counted from each row's first token."""
+    input_ids = input_ids.to(lm.device)
+    attention_mask = attention_mask.to(lm.device)
+    if lm.backend == "transformer_lens":
+        # TransformerLens offsets positions by the mask and masks padded keys itself
+        lm.model(input_ids, attention_mask=attention_mask, return_type=None)
+    else:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        lm.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+
+def capture_residuals(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                      names: Sequence[str] | None = None, positions: str = "all") -> dict[str, torch.Tensor]:
+    """Residual activations of one batch by name.
+
+    ``input_ids``, ``attention_mask``: (batch, positions), padding on either side. ``names``: hook names
+    (default: all three quantities of every layer). ``positions="all"`` -> (batch, positions, d_model);
+    ``"last"`` -> the last non-padded token of each row, (batch, d_model).
+    """
+    if positions not in ("all", "last"):
+        raise LMHookError(f"positions must be 'all' or 'last', got {positions!r}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if input_ids.shape[1] > lm.n_ctx:
+        raise LMHookError(f"the batch has {input_ids.shape[1]} positions; the model's context is {lm.n_ctx}")
+    names = list(names) if names is not None else residual_hook_names(lm.n_layers)
+    last_index = None
+    if positions == "last":
+        width = attention_mask.shape[1]
+        # the last position whose mask is 1 (right padding: length - 1; left padding: width - 1)
+        last_index = width - 1 - attention_mask.long().flip(-1).argmax(-1)
+    with residual_capture(lm, names, last_index) as capture:
+        forward_padded(lm, input_ids, attention_mask)
+    return capture.activations
+
+
+def strip_trailing_punctuation(prompt: str) -> str:
+    return prompt.rstrip().rstrip(string.punctuation + " ").rstrip()
+
+
+def format_prompts(tokenizer, prompts: Sequence[str], chat_template: bool = False,
+                   strip_trailing_punctuation_: bool = False) -> list[str]:
+    """Raw prompts, optionally stripped of trailing punctuation, optionally in the tokenizer's chat template."""
+    texts = [strip_trailing_punctuation(p) if strip_trailing_punctuation_ else p for p in prompts]
+    if not chat_template:
+        return texts
+    if not getattr(tokenizer, "chat_template", None):
+        raise LMHookError("chat_template=True but the tokenizer has no chat template")
+    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+            for t in texts]
+
+
+def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", chat_template: bool = False,
+                         strip_trailing_punctuation: bool = False, batch_size: int = 16,
+                         progress: bool = False) -> torch.Tensor:
+    """Residuals at the last prompt token of every layer: (N prompts, L layers, d_model), float32, CPU.
+
+    ``hook``: ``"resid_pre"``, ``"resid_mid"`` or ``"resid_post"``. With ``chat_template`` the prompt is
+    rendered by the tokenizer's template (which then holds the BOS); otherwise the tokenizer's own special
+    tokens are added. Prompts longer than the model's context are an error, not truncated.
+    """
+    if hook not in RESIDUAL_HOOKS:
+        raise LMHookError(f"unknown hook {hook!r}; choose one of {RESIDUAL_HOOKS}")
+    prompts = list(prompts)
+    if not prompts:
+        raise LMHookError("no prompts given")
+    if batch_size <= 0:
+        raise LMHookError("batch_size must be positive")
+    texts = format_prompts(lm.tokenizer, prompts, chat_template, strip_trailing_punctuation)
+    encoded = [lm.tokenizer(t, add_special_tokens=not chat_template)["input_ids"] for t in texts]
+    too_long = [(i, len(e)) for i, e in enumerate(encoded) if len(e) > lm.n_ctx]
+    if too_long:
+        i, n = too_long[0]
+        raise LMHookError(f"{len(too_long)} prompt(s) are longer than the model's context of {lm.n_ctx} tokens "
+                          f"(prompt {i} has {n} tokens: {prompts[i][:60]!r}...)")
+    empty = [i for i, e in enumerate(encoded) if not e]
+    if empty:
+        raise LMHookError(f"prompt {empty[0]} has no tokens")
+    names = residual_hook_names(lm.n_layers, [hook])
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    out = []
+    starts = range(0, len(encoded), batch_size)
+    if progress:
+        from tqdm import tqdm
+        starts = tqdm(starts, desc="residuals", total=len(starts))
+    for start in starts:
+        chunk = encoded[start:start + batch_size]
+        width = max(map(len, chunk))
+        # right padding: with causal attention the last real token never sees the pads, on any backend
+        ids = torch.tensor([e + [pad_id] * (width - len(e)) for e in chunk])
+        mask = torch.tensor([[1] * len(e) + [0] * (width - len(e)) for e in chunk])
+        acts = capture_residuals(lm, ids, mask, names, positions="last")
+        out.append(torch.stack([acts[n] for n in names], dim=1))
+    return torch.cat(out)
+
+
+__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "capture_residuals", "decoder_layers",
+           "format_prompts", "last_token_residuals", "parse_hook_name", "residual_capture", "residual_hook_names"]

@@ -1,0 +1,174 @@
+"""Loading language models by one code path: the embedded chat models, any Hugging Face causal LM, TransformerLens.
+
+    lm = load_lm("toy-chat")                                  # embedded base model, Hugging Face backend
+    lm = load_lm("toy-chat-safety-0.4", backend="transformer_lens")
+    lm = load_lm("/path/to/a/hf/model")                       # a local directory
+    lm = load_lm("Qwen/Qwen2.5-0.5B-Instruct")                # a hub name: the local cache, or a download if allowed
+
+Embedded names resolve to ``interp/zoo/weights/chat-*`` and load with ``local_files_only=True``.
+A GPT-2 style model (the embedded ones included) goes into TransformerLens by TransformerLens' own
+GPT-2 weight conversion with no weight processing (no LayerNorm folding, no centring), so its
+activations are the Hugging Face model's activations under TransformerLens' names.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..zoo import WEIGHTS_DIR
+
+BACKENDS = ("hf", "transformer_lens")
+EMBEDDED_PREFIX = "toy-chat"
+
+
+class LMError(ValueError):
+    """A model that cannot be loaded as asked; the message says what is missing and what to do."""
+
+
+@dataclass
+class LanguageModel:
+    """A loaded causal LM: the model, its tokenizer and the sizes hooks need.
+
+    ``model`` is a Hugging Face ``PreTrainedModel`` (backend ``"hf"``) or a TransformerLens
+    ``HookedTransformer`` (backend ``"transformer_lens"``), in eval mode.
+    """
+
+    model: Any
+    tokenizer: Any
+    n_layers: int
+    d_model: int
+    n_ctx: int
+    backend: str
+    name: str
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def embedded_lms() -> dict[str, Path]:
+    """Names of the embedded chat models that are present: {"toy-chat": .../chat-base, "toy-chat-safety-0.4": ...}."""
+    found = {}
+    for directory in sorted(WEIGHTS_DIR.glob("chat-*")):
+        if (directory / "config.json").exists() and not directory.name.endswith(".tmp"):
+            suffix = directory.name[len("chat-"):]
+            found[EMBEDDED_PREFIX if suffix == "base" else f"{EMBEDDED_PREFIX}-{suffix}"] = directory
+    return found
+
+
+def resolve_lm(name_or_path: str | os.PathLike) -> tuple[str, bool]:
+    """(what to pass to ``from_pretrained``, whether it is local). Embedded names and directories are local."""
+    name = str(name_or_path)
+    if name == EMBEDDED_PREFIX or name.startswith(EMBEDDED_PREFIX + "-"):
+        known = embedded_lms()
+        if name not in known:
+            raise LMError(f"no embedded chat model named {name!r}; present: {sorted(known) or 'none'}. "
+                          f"Train them with `python -m interp.zoo train chat` (writes {WEIGHTS_DIR}/chat-*).")
+        return str(known[name]), True
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise LMError(f"{path} is a directory but holds no config.json: not a saved Hugging Face model "
+                          f"(save one with model.save_pretrained(dir) and tokenizer.save_pretrained(dir))")
+        return str(path), True
+    if path.suffix or name.startswith((".", "/", "~")):
+        raise LMError(f"{name!r} looks like a path but does not exist")
+    return name, False
+
+
+def load_hf_lm(name_or_path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) of a Hugging Face causal LM in eval mode; see ``load_lm``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source, local = resolve_lm(name_or_path)
+    offline = local or os.environ.get("HF_HUB_OFFLINE") == "1"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=offline, dtype=dtype)
+    except OSError as error:
+        if local:
+            raise LMError(f"could not load the model in {source}: {error}") from error
+        raise LMError(
+            f"the weights of {source!r} are not on this machine and could not be downloaded "
+            f"({'the hub is switched off: HF_HUB_OFFLINE=1' if offline else 'no network or no such model'}). "
+            f"Get them where there is network with `huggingface-cli download {source}` (then copy the cache, "
+            f"~/.cache/huggingface), or pass a local directory saved with save_pretrained.") from error
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; masked out everywhere
+    return model.to(device).eval(), tokenizer
+
+
+def hf_n_ctx(config) -> int:
+    for key in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def gpt2_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
+    """A TransformerLens ``HookedTransformer`` with exactly the weights of a Hugging Face ``GPT2LMHeadModel``.
+
+    Built from a ``HookedTransformerConfig`` read off the HF config (any size), weights converted by
+    ``transformer_lens.pretrained.weight_conversions.convert_gpt2_weights``, no weight processing.
+    """
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
+
+    c = hf_model.config
+    if c.model_type != "gpt2":
+        raise LMError(f"expected a GPT-2 style model, got model_type={c.model_type!r}")
+    cfg = HookedTransformerConfig(
+        n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head, d_head=c.n_embd // c.n_head,
+        d_mlp=c.n_inner or 4 * c.n_embd, d_vocab=c.vocab_size, n_ctx=c.n_positions, act_fn=c.activation_function,
+        eps=c.layer_norm_epsilon, normalization_type="LN", positional_embedding_type="standard",
+        original_architecture="GPT2LMHeadModel", default_prepend_bos=False, dtype=hf_model.dtype, device=device,
+        scale_attn_by_inverse_layer_idx=c.scale_attn_by_inverse_layer_idx)
+    hooked = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+    state = {k: v.detach().clone() for k, v in convert_gpt2_weights(hf_model, cfg).items()}
+    hooked.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                                       fold_value_biases=False, refactor_factored_attn_matrices=False)
+    return hooked.to(device).eval()
+
+
+def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = "cpu",
+            dtype: torch.dtype = torch.float32) -> LanguageModel:
+    """Load a causal LM for capture and generation.
+
+    ``name_or_path``: an embedded name (``"toy-chat"`` = the base model, ``"toy-chat-safety-0.4"``, ...),
+    a local directory saved with ``save_pretrained``, or a Hugging Face hub name (used only when asked for
+    by name; set ``HF_HUB_OFFLINE=1`` to forbid downloads). ``backend``: ``"hf"`` or ``"transformer_lens"``;
+    GPT-2 style models convert locally, others go through ``HookedTransformer.from_pretrained_no_processing``
+    (the model must be one TransformerLens supports).
+    """
+    if backend not in BACKENDS:
+        raise LMError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
+    name = str(name_or_path)
+    hf_model, tokenizer = load_hf_lm(name, device=device, dtype=dtype)
+    if backend == "hf":
+        c = hf_model.config
+        return LanguageModel(hf_model, tokenizer, n_layers=c.num_hidden_layers, d_model=c.hidden_size,
+                             n_ctx=hf_n_ctx(c), backend="hf", name=name)
+    if hf_model.config.model_type == "gpt2":
+        hooked = gpt2_to_hooked_transformer(hf_model, tokenizer, device=device)
+    else:
+        from transformer_lens import HookedTransformer
+
+        source, _ = resolve_lm(name)
+        try:
+            hooked = HookedTransformer.from_pretrained_no_processing(source, hf_model=hf_model, tokenizer=tokenizer,
+                                                                     device=device, dtype=dtype)
+        except (ValueError, KeyError, NotImplementedError) as error:
+            raise LMError(f"TransformerLens cannot load {name!r} ({error}); use backend='hf', which captures the "
+                          f"same residual-stream quantities under the same names") from error
+    return LanguageModel(hooked, tokenizer, n_layers=hooked.cfg.n_layers, d_model=hooked.cfg.d_model,
+                         n_ctx=hooked.cfg.n_ctx, backend="transformer_lens", name=name)
+
+
+__all__ = ["BACKENDS", "LMError", "LanguageModel", "embedded_lms", "gpt2_to_hooked_transformer", "load_hf_lm",
+           "load_lm", "resolve_lm"]
