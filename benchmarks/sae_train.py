@@ -17,13 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from saes.train import TrainConfig
-from saes.trainers import make_trainer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from saes.train import TrainConfig  # noqa: E402
+from saes.trainers import make_trainer  # noqa: E402
 
 
 def main() -> None:
