@@ -1,0 +1,225 @@
+"""A model's trained SAEs and their feature cards, ready for exploring and painting.
+
+Layout on disk (one directory per hooked block, named by the block):
+
+    ROOT/<block>/cfg.json, sae_weights.safetensors   the SAE (sae-lens format)
+    ROOT/<block>/features.json                        feature cards (`python -m saes features`)
+
+`FeatureLibrary.for_model("toy")` opens the SAEs shipped for the embedded model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .sae import CFG_FILENAME, SAE
+
+PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
+
+
+class LibraryError(ValueError):
+    """A block, feature or request the library cannot serve, with the valid choices."""
+
+
+@dataclass
+class PaintResult:
+    original: np.ndarray  # (H, W, 3) uint8
+    edited: np.ndarray    # (H, W, 3) uint8
+    difference: np.ndarray  # (H, W, 3) uint8, |edited - original| amplified for display
+    edit: dict            # the Edit that produced it, as JSON data
+
+
+class FeatureLibrary:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        dirs = sorted(p.parent for p in self.root.glob(f"*/{CFG_FILENAME}"))
+        if not dirs:
+            raise LibraryError(f"no SAEs under {self.root} (train some with `python -m saes train`)")
+        self._saes = {d.name: SAE.load(d).eval() for d in dirs}
+        self._cards: dict[str, list[dict]] = {}
+        for d in dirs:
+            cards = d / "features.json"
+            if cards.exists():
+                self._cards[d.name] = json.loads(cards.read_text())["features"]
+
+    @classmethod
+    def for_model(cls, model_name: str) -> "FeatureLibrary | None":
+        """The SAEs shipped for a model known by name ("toy"); None when there are none."""
+        if not model_name or "/" in model_name or os.sep in model_name:
+            return None
+        root = PRETRAINED_DIR / model_name
+        return cls(root) if any(root.glob(f"*/{CFG_FILENAME}")) else None
+
+    @property
+    def blocks(self) -> list[str]:
+        return list(self._saes)
+
+    @property
+    def saes(self) -> dict[str, SAE]:
+        return dict(self._saes)
+
+    def sae(self, block: str) -> SAE:
+        if block not in self._saes:
+            raise LibraryError(f"no SAE for block {block!r}; blocks with SAEs: {', '.join(self._saes)}")
+        return self._saes[block]
+
+    def n_features(self, block: str) -> int:
+        return self.sae(block).cfg.d_sae
+
+    def cards(self, block: str) -> list[dict]:
+        """Feature cards of a block (id, frequency, mean_activation, label, auroc, top_images, ...)."""
+        self.sae(block)
+        return self._cards.get(block, [])
+
+    def card(self, block: str, feature: int) -> dict:
+        self.check_feature(block, feature)
+        cards = self.cards(block)
+        if feature < len(cards) and cards[feature]["id"] == feature:
+            return cards[feature]
+        return next((c for c in cards if c["id"] == feature), {"id": feature})
+
+    def check_feature(self, block: str, feature) -> int:
+        n = self.n_features(block)
+        if isinstance(feature, float) and feature.is_integer():
+            feature = int(feature)
+        if not isinstance(feature, (int, np.integer)) or not 0 <= feature < n:
+            raise LibraryError(f"feature must be an integer from 0 to {n - 1} for {block}, not {feature!r}")
+        return int(feature)
+
+    def mean_activation(self, block: str, feature: int) -> float:
+        """Mean activation when the feature fires: the natural unit of edit strength."""
+        value = self.card(block, feature).get("mean_activation")
+        if value:
+            return float(value)
+        return float(self.sae(block).W_dec.norm(dim=-1).mean().item())  # no card: one decoder norm
+
+    def search(self, block: str, text: str) -> list[int]:
+        """Features whose label contains every word of `text` (case-insensitive), best AUROC first."""
+        words = text.lower().split()
+        hits = [c for c in self.cards(block) if c.get("label") and all(w in c["label"].lower() for w in words)]
+        return [c["id"] for c in sorted(hits, key=lambda c: -c.get("auroc", 0.0))]
+
+    # ----- explaining an image --------------------------------------------------------------
+    def top_features(self, updates: dict[str, torch.Tensor], n: int = 8) -> dict[str, list[dict]]:
+        """For each block's update (channels, height, width): the n features with the largest
+        total activation over positions, each with its heatmap (height, width)."""
+        result = {}
+        for block, update in updates.items():
+            sae = self.sae(block)
+            c, h, w = update.shape
+            latents = sae.encode(update.reshape(c, h * w).T.to(sae.W_enc.dtype).float())  # (positions, features)
+            total = latents.sum(0)
+            top = torch.argsort(total, descending=True)[:n]
+            result[block] = [
+                {"id": int(f), "total": float(total[f]), "max": float(latents[:, f].max()),
+                 "label": self.card(block, int(f)).get("label"),
+                 "heatmap": latents[:, f].reshape(h, w).tolist()}
+                for f in top if total[f] > 0
+            ]
+        return result
+
+    def explain(self, model, prompt: str, seed: int = 0, steps: int | None = None, n: int = 8):
+        """Generate an image and name the features each block used: (image, {block: [feature...]})."""
+        from interp.hooks import capture_updates
+
+        with capture_updates(model, self.blocks, device="cpu", dtype=torch.float32) as cap:
+            image = model.generate(prompt, steps=steps, seed=seed)[0]
+        # The features at the last step: what the block wrote into the final image.
+        updates = {b: cap.updates(b)[-1, 0] for b in self.blocks}
+        return image, self.top_features(updates, n)
+
+    # ----- painting ----------------------------------------------------------------------------
+    def paint(self, model, prompt: str, seed: int, block: str, feature: int, strength: float,
+              mask: np.ndarray | None = None, steps: int | None = None, act_steps: list[int] | None = None,
+              allow_empty_prompt: bool = False) -> PaintResult:
+        """Add `strength` x (mean activation) of a feature's decoder direction to the block's
+        update inside `mask` (image-space, any size, nonzero = painted; None = everywhere)
+        at `act_steps` (None = all) and regenerate with the same seed.
+
+        Negative strength removes the feature: the feature's own activation is scaled by
+        (1 + strength) where it fires (down to zero), rather than pushing past zero.
+        """
+        from interp.edits import Edit, downsample_mask
+        from interp.hooks import apply_edits
+
+        feature = self.check_feature(block, feature)
+        if not np.isfinite(strength):
+            raise LibraryError(f"strength must be a finite number, not {strength!r}")
+        info = model.blocks.get(block)
+        if info is None:
+            raise LibraryError(f"{model.name} has no block {block!r}")
+        block_mask = None
+        if mask is not None:
+            mask = np.asarray(mask, dtype=np.float32)
+            if mask.ndim == 3:
+                mask = mask.max(axis=-1)
+            if mask.ndim != 2 or not mask.size:
+                raise LibraryError(f"a mask is a 2-D image, got shape {mask.shape}")
+            if not (mask > 0).any():
+                raise LibraryError("the painted region is empty: paint where the feature should act")
+            block_mask = downsample_mask(mask > 0, (info.height, info.width))
+        if strength >= 0:
+            edit = Edit(block=block, mode="add", feature=feature, strength=float(strength) *
+                        self.mean_activation(block, feature), mask=block_mask, steps=act_steps)
+        else:
+            edit = Edit(block=block, mode="scale", feature=feature, strength=max(0.0, 1.0 + float(strength)),
+                        mask=block_mask, steps=act_steps)
+        if allow_empty_prompt and not prompt.strip():
+            original = np.asarray(_generate_any(model, "", seed, steps))
+            with apply_edits(model, [edit], saes={block: self.sae(block)}):
+                edited = np.asarray(_generate_any(model, "", seed, steps))
+        else:
+            original = np.asarray(model.generate(prompt, steps=steps, seed=seed)[0])
+            with apply_edits(model, [edit], saes={block: self.sae(block)}):
+                edited = np.asarray(model.generate(prompt, steps=steps, seed=seed)[0])
+        diff = np.abs(edited.astype(np.int16) - original.astype(np.int16))
+        diff = np.clip(diff * 3, 0, 255).astype(np.uint8)
+        return PaintResult(original, edited, diff, edit.to_dict())
+
+    def feature_icon(self, model, block: str, feature: int, strength: float = 4.0, seed: int = 0):
+        """The feature alone: added everywhere to the generation of an empty prompt."""
+        return self.paint(model, "", seed, block, feature, strength, allow_empty_prompt=True).edited
+
+
+def _generate_any(model, prompt: str, seed: int, steps: int | None):
+    """Generation that accepts the empty prompt (the unconditional image)."""
+    from interp.hooks.diffusion import run_pipeline
+
+    generators = [torch.Generator(device="cpu").manual_seed(int(seed))]
+    latents = model.initial_latents(generators)
+    with torch.inference_mode():
+        out = run_pipeline(model.pipe, prompt=[prompt], num_inference_steps=steps or model.default_steps,
+                           guidance_scale=model.default_guidance, latents=latents.to(model.unet.device))
+    return out.images[0]
+
+
+def heatmap_overlay(image, heatmap, scale: int = 4, alpha: float = 0.6) -> np.ndarray:
+    """The image (H, W, 3) with a feature's heatmap (h, w) laid over it in red, enlarged `scale` times."""
+    from PIL import Image
+
+    img = np.asarray(image, dtype=np.float32)
+    heat = np.asarray(heatmap, dtype=np.float32)
+    peak = float(heat.max())
+    heat = heat / peak if peak > 0 else heat
+    heat_img = Image.fromarray((heat * 255).astype(np.uint8)).resize((img.shape[1], img.shape[0]), Image.BILINEAR)
+    weight = alpha * np.asarray(heat_img, np.float32)[..., None] / 255.0
+    red = np.array([255.0, 30.0, 30.0])
+    blended = (img * (1 - weight) * 0.7 + img * 0.3 * (1 - weight) + red * weight).clip(0, 255).astype(np.uint8)
+    return np.asarray(Image.fromarray(blended).resize((img.shape[1] * scale, img.shape[0] * scale), Image.NEAREST))
+
+
+def load_analysis_images(root: str | Path) -> tuple[np.ndarray, list[str]] | None:
+    """The pool of analysed images that feature cards point into: (N, H, W, 3) uint8 and prompts."""
+    root = Path(root)
+    if not (root / "analysis_images.npz").exists():
+        return None
+    with np.load(root / "analysis_images.npz") as data:
+        images = data["images"]
+    prompts = json.loads((root / "analysis_prompts.json").read_text())
+    return images, prompts
