@@ -354,7 +354,11 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m interp.zoo.chat.recipe", description=__doc__.split("\n")[0])
     add_arguments(parser)
-    sys.exit(main(parser.parse_args()))
+    return main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
