@@ -184,6 +184,30 @@ class WindowResiduals:
             self.handle.remove()
 
 
+def training_step(model, optimizer, micro_batches: list[dict], vcl_config: VCLConfig | None,
+                  window: WindowResiduals | None) -> dict[str, float]:
+    """One optimizer step over the micro-batches (gradients accumulated); returns the mean terms."""
+    optimizer.zero_grad(set_to_none=True)
+    totals = {"loss": 0.0, "sft_loss": 0.0, "vcl_loss": 0.0, "vcl_ratio": 0.0}
+    share = 1.0 / len(micro_batches)
+    for batch in micro_batches:
+        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
+                       output_hidden_states=window is not None)
+        loss = output.loss
+        totals["sft_loss"] += output.loss.item() * share
+        if window is not None:
+            residuals = [select_positions(h, batch["prompt_mask"], batch["response_mask"], vcl_config.positions)
+                         for h in window.collect(output.hidden_states)]
+            vcl = variance_concentration_loss(residuals, vcl_config)
+            loss = loss + vcl["loss"].to(loss.dtype)
+            totals["vcl_loss"] += vcl["loss"].item() * share
+            totals["vcl_ratio"] += vcl["ratio"].item() * share
+        (loss * share).backward()
+        totals["loss"] += loss.item() * share
+    optimizer.step()
+    return totals
+
+
 def _load(config: FinetuneConfig, model=None, tokenizer=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -301,26 +325,13 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
     try:
         while step < config.steps:
             started = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            totals = {"loss": 0.0, "sft_loss": 0.0, "vcl_loss": 0.0, "vcl_ratio": 0.0}
+            micro_batches = []
             for micro in range(config.grad_accum):
                 index = micro_batch_indices(len(examples), config.batch_size, config.seed,
                                             step * config.grad_accum + micro)
-                batch = {k: v.to(config.device) for k, v in collate([examples[i] for i in index], pad_id).items()}
-                output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                               labels=batch["labels"], output_hidden_states=window is not None)
-                loss = output.loss
-                totals["sft_loss"] += output.loss.item() / config.grad_accum
-                if window is not None:
-                    residuals = [select_positions(h, batch["prompt_mask"], batch["response_mask"],
-                                                  config.vcl.positions) for h in window.collect(output.hidden_states)]
-                    vcl = variance_concentration_loss(residuals, config.vcl)
-                    loss = loss + vcl["loss"].to(loss.dtype)
-                    totals["vcl_loss"] += vcl["loss"].item() / config.grad_accum
-                    totals["vcl_ratio"] += vcl["ratio"].item() / config.grad_accum
-                (loss / config.grad_accum).backward()
-                totals["loss"] += loss.item() / config.grad_accum
-            optimizer.step()
+                micro_batches.append({k: v.to(config.device)
+                                      for k, v in collate([examples[i] for i in index], pad_id).items()})
+            totals = training_step(model, optimizer, micro_batches, config.vcl, window)
             step += 1
             entry = {"step": step, **{k: round(v, 6) for k, v in totals.items()},
                      "seconds": round(time.perf_counter() - started, 4)}

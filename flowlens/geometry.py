@@ -124,7 +124,9 @@ def fit_pca(matrix: np.ndarray, n_components: int | str = 3, method: str = "auto
     if method == "sklearn":
         from sklearn.decomposition import PCA
 
-        pca = PCA(n_components=n_components, svd_solver="full").fit(matrix)
+        # Exact either way; the covariance eigenproblem (d x d) is much faster when rows outnumber columns.
+        solver = "covariance_eigh" if n >= width else "full"
+        pca = PCA(n_components=n_components, svd_solver=solver).fit(matrix)
         components, variance = pca.components_, pca.explained_variance_
     elif method == "lowrank":
         import torch
@@ -250,8 +252,10 @@ def pc1_stability(residuals, residuals_stripped, construction: str = "stacked") 
 def energy_spectrum(rows: np.ndarray) -> np.ndarray:
     """Squared singular values (descending) of the mean-centred ``(n, d)`` rows."""
     rows = np.asarray(rows, dtype=np.float64)
-    singular = np.linalg.svd(rows - rows.mean(axis=0), compute_uv=False)
-    return singular ** 2
+    centred = rows - rows.mean(axis=0)
+    # s_j^2 are the eigenvalues of the smaller Gram matrix: cheaper than an SVD of the rows.
+    gram = centred @ centred.T if centred.shape[0] <= centred.shape[1] else centred.T @ centred
+    return np.clip(np.linalg.eigvalsh(gram)[::-1], 0.0, None)
 
 
 def concentration_from_spectrum(energy: np.ndarray, k: int) -> dict:
