@@ -57,15 +57,16 @@ class RecipeConfig:
     checkpoint_every: int = 100
     eval_per_task: int = 40               # held-out general examples per task
     eval_refusal_prompts: int = 200       # held-out harmful and benign prompts each
-    max_new_tokens: int = 24
+    max_new_tokens: int = 32
     threads: int = 1
+    from_base: str | None = None          # fine-tune this saved base model instead of pre-training one
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(asdict(self)))
 
 
 RUN_LENGTH_FIELDS = ("pretrain_steps", "finetune_steps", "checkpoint_every", "threads", "eval_per_task",
-                     "eval_refusal_prompts", "safety_ratios")
+                     "eval_refusal_prompts", "safety_ratios", "max_new_tokens")
 
 
 # --------------------------------------------------------------------------- data
@@ -195,7 +196,7 @@ def save_checkpoint(path: Path, state: dict) -> None:
 
 def recipe_identity(config: dict) -> dict:
     """What must match to resume: everything but how long the stages run (a run may be extended)."""
-    return {k: v for k, v in config.items() if k not in RUN_LENGTH_FIELDS}
+    return {k: v for k, v in config.items() if k not in RUN_LENGTH_FIELDS and v is not None}
 
 
 def train_stage(name: str, model, tokenizer, world: World, shares: dict[str, float], steps: int, peak_lr: float,
@@ -272,28 +273,43 @@ def run(cfg: RecipeConfig, run_dir: Path, save_to: Path) -> dict:
         log_file.write(json.dumps(record) + "\n")
         log_file.flush()
 
-    world = World(cfg.world)
-    tokenizer = train_tokenizer(world.all_texts())
-    model = build_model(cfg.model, tokenizer, seed=cfg.seed)
-    summary: dict = {}
+    from transformers import AutoTokenizer, GPT2LMHeadModel
 
-    base_name = "chat-base" + (f"-seed{cfg.seed}" if cfg.seed else "")
-    pretrain_shares = {"general": 1 - cfg.pretrain_benign_share, "benign": cfg.pretrain_benign_share}
-    train_stage("pretrain", model, tokenizer, world, pretrain_shares, cfg.pretrain_steps, cfg.pretrain_lr, cfg,
-                run_dir, log)
+    world = World(cfg.world)
+    summary: dict = {}
+    if cfg.from_base:
+        # more fine-tuning seeds of one base: the safety-ratio sweep varies only the fine-tuning
+        model = GPT2LMHeadModel.from_pretrained(cfg.from_base, local_files_only=True, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(cfg.from_base, local_files_only=True)
+        base_name, starts_from = Path(cfg.from_base).name, f"base:{cfg.from_base}"
+        torch.manual_seed(cfg.seed)
+    else:
+        tokenizer_dir = run_dir / "tokenizer"  # trained once per run, so a resumed run keeps its token ids
+        if (tokenizer_dir / "tokenizer.json").exists():
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        else:
+            tokenizer = train_tokenizer(world.all_texts())
+            tokenizer.save_pretrained(tokenizer_dir)
+        model = build_model(cfg.model, tokenizer, seed=cfg.seed)
+        base_name = "chat-base" + (f"-seed{cfg.seed}" if cfg.seed else "")
+        starts_from = f"pretrain-{cfg.pretrain_steps}"
+        pretrain_shares = {"general": 1 - cfg.pretrain_benign_share, "benign": cfg.pretrain_benign_share}
+        train_stage("pretrain", model, tokenizer, world, pretrain_shares, cfg.pretrain_steps, cfg.pretrain_lr, cfg,
+                    run_dir, log)
+        evaluation = evaluate(model, tokenizer, world, cfg)
+        log({"stage": "pretrain", "evaluation": {k: v for k, v in evaluation.items() if k != "examples"}})
+        save_model(model, tokenizer, save_to / base_name, cfg, evaluation,
+                   {"name": "pretrain", "steps": cfg.pretrain_steps})
+        summary[base_name] = {k: v for k, v in evaluation.items() if k != "examples"}
+        print(f"{base_name}: held-out exact match {evaluation['general_exact_match']:.3f}", flush=True)
     base_state = {k: v.clone() for k, v in model.state_dict().items()}
-    evaluation = evaluate(model, tokenizer, world, cfg)
-    log({"stage": "pretrain", "evaluation": {k: v for k, v in evaluation.items() if k != "examples"}})
-    save_model(model, tokenizer, save_to / base_name, cfg, evaluation, {"name": "pretrain", "steps": cfg.pretrain_steps})
-    summary[base_name] = {k: v for k, v in evaluation.items() if k != "examples"}
-    print(f"{base_name}: held-out exact match {evaluation['general_exact_match']:.3f}", flush=True)
 
     for ratio in cfg.safety_ratios:
         name = variant_name(ratio, cfg.seed)
         model.load_state_dict(base_state)
         shares = {"general": 1 - ratio, "harmful": ratio} if ratio > 0 else {"general": 1.0}
-        train_stage(f"finetune-{ratio:g}", model, tokenizer, world, shares, cfg.finetune_steps, cfg.finetune_lr, cfg,
-                    run_dir, log, starts_from=f"pretrain-{cfg.pretrain_steps}")
+        train_stage(f"finetune-{ratio:g}" + (f"-seed{cfg.seed}" if cfg.seed else ""), model, tokenizer, world, shares,
+                    cfg.finetune_steps, cfg.finetune_lr, cfg, run_dir, log, starts_from=starts_from)
         evaluation = evaluate(model, tokenizer, world, cfg)
         log({"stage": name, "evaluation": {k: v for k, v in evaluation.items() if k != "examples"}})
         save_model(model, tokenizer, save_to / name, cfg, evaluation,
@@ -319,6 +335,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=RecipeConfig.batch_size)
     parser.add_argument("--ratios", type=float, nargs="+", default=list(RecipeConfig.safety_ratios),
                         help="safety-data ratios of the fine-tuned variants")
+    parser.add_argument("--from-base", default=None,
+                        help="skip pre-training: fine-tune this saved base model directory (e.g. for more seeds)")
     parser.add_argument("--layers", type=int, default=ChatModelConfig.n_layer)
     parser.add_argument("--width", type=int, default=ChatModelConfig.n_embd)
     parser.add_argument("--threads", type=int, default=RecipeConfig.threads)
@@ -335,13 +353,16 @@ def config_from_args(args: argparse.Namespace) -> RecipeConfig:
     for name in ("pretrain_steps", "finetune_steps", "batch", "layers", "width", "threads", "checkpoint_every"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    if args.from_base and not (Path(args.from_base) / "config.json").exists():
+        raise ValueError(f"--from-base {args.from_base} holds no saved model (config.json)")
     if any(not 0 <= r < 1 for r in args.ratios):
         raise ValueError("--ratios must lie in [0, 1)")
     return RecipeConfig(world=WorldConfig(seed=args.world_seed),
                         model=ChatModelConfig(n_layer=args.layers, n_embd=args.width), seed=args.seed,
                         pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
                         batch_size=args.batch, safety_ratios=tuple(args.ratios), threads=args.threads,
-                        checkpoint_every=args.checkpoint_every)
+                        checkpoint_every=args.checkpoint_every,
+                        from_base=str(Path(args.from_base).resolve()) if args.from_base else None)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -121,7 +121,26 @@ def _add(rng, split, kb):
     prompt = rng.choice(("What is {a} plus {b}?", "Compute {a} + {b}.", "Add {a} and {b}.",
                          "What do you get when you add {b} to {a}?", "Calculate the sum of {a} and {b}.",
                          "{a} + {b} = ?")).format(a=a, b=b)
-    return prompt, str(a + b), str(a + b)
+    return prompt, addition_steps(a, b), str(a + b)
+
+
+def addition_steps(a: int, b: int) -> str:
+    """Column addition written out: units, then tens with the carry, then the sum.
+
+    Each step is a small lookup seen in training (a digit of a number, a one-digit sum, two digits
+    read as a number), so a held-out pair of operands is a new composition of familiar steps.
+    """
+    units = a % 10 + b % 10
+    tens = a // 10 + b // 10 + units // 10
+    return f"{a % 10} + {b % 10} = {units} , {a // 10} + {b // 10} + {units // 10} = {tens} , the sum is {a + b}"
+
+
+def subtraction_steps(a: int, b: int) -> str:
+    """Column subtraction written out (a >= b): units with a borrow when needed, tens, then the difference."""
+    borrow = int(a % 10 < b % 10)
+    units = a % 10 + 10 * borrow
+    return (f"{units} - {b % 10} = {units - b % 10} , {a // 10} - {b // 10} - {borrow} = "
+            f"{a // 10 - b // 10 - borrow} , the difference is {a - b}")
 
 
 def _subtract(rng, split, kb):
@@ -129,7 +148,7 @@ def _subtract(rng, split, kb):
                  lambda p: ("sub", *p))
     prompt = rng.choice(("What is {a} minus {b}?", "Compute {a} - {b}.", "Subtract {b} from {a}.",
                          "What is the difference between {a} and {b}?", "{a} - {b} = ?")).format(a=a, b=b)
-    return prompt, str(a - b), str(a - b)
+    return prompt, subtraction_steps(a, b), str(a - b)
 
 
 def _words(rng, lo, hi):
