@@ -1,0 +1,150 @@
+"""``python -m flowlens analyze``: residual geometry of a model (and a reference) on a prompt file.
+
+Residuals at the last prompt token of every layer (``blocks.{l}.hook_resid_post``, through
+``interp``), then: stacked and concatenated PCA with per-layer projections against normalised
+depth, concentration statistics per layer, PC1 stability without trailing punctuation, and the
+structural alignment with a reference model. Writes ``analysis.json``, ``geometry.png`` and
+``geometry.html`` (interactive, plotly) in the output directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .diversity import DataError, PROMPT_FIELDS, read_jsonl
+from .geometry import concentration_by_layer, layer_projections, pc1_stability, structural_alignment
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """Prompts from JSONL (a prompt/query/instruction field), XSTest CSV, or a text file (one a line)."""
+    path = Path(path)
+    if path.suffix.lower() == ".csv":
+        from .refusals import read_xstest_csv
+
+        return [r.prompt for r in read_xstest_csv(path)]
+    if path.suffix.lower() == ".jsonl":
+        prompts = []
+        for number, record in read_jsonl(path):
+            text = next((record[f] for f in PROMPT_FIELDS if isinstance(record.get(f), str)), None)
+            if text is None:
+                raise DataError(f"{path}: line {number} has no prompt field (one of {', '.join(PROMPT_FIELDS)})")
+            prompts.append(text)
+        return prompts
+    if not path.is_file():
+        raise FileNotFoundError(f"no such prompt file: {path}")
+    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not prompts:
+        raise DataError(f"{path}: no prompts (the file is empty)")
+    return prompts
+
+
+def residuals_of(name: str, prompts: list[str], chat_template: bool, strip: bool, device: str, backend: str):
+    from interp.hooks.lm import last_token_residuals
+    from interp.models.lm import load_lm
+
+    lm = load_lm(name, backend=backend, device=device)
+    return last_token_residuals(lm, prompts, chat_template=chat_template, strip_trailing_punctuation=strip,
+                                progress=True).numpy()
+
+
+def analyse(residuals: np.ndarray, reference: np.ndarray | None, stripped: np.ndarray | None, k: int | str) -> dict:
+    """All FlowLens statistics of ``(N, L, d)`` residuals, as JSON-ready lists."""
+    result: dict = {"n_prompts": residuals.shape[0], "n_layers": residuals.shape[1], "width": residuals.shape[2]}
+    for construction in ("stacked", "concatenated"):
+        fit = layer_projections(residuals, construction, k)
+        result[construction] = {"n_components": fit.pca.n_components, "method": fit.pca.method,
+                                "explained_variance_ratio": fit.pca.explained_variance_ratio.tolist(),
+                                "mean_projection_by_layer": fit.mean_by_layer().tolist(),
+                                "depth": fit.depth.tolist()}
+    n_components = result["stacked"]["n_components"]
+    result["concentration"] = concentration_by_layer(residuals, n_components)
+    if stripped is not None:
+        stability = pc1_stability(residuals, stripped)
+        result["pc1_stability"] = {"per_layer": stability["per_layer"].tolist(), "overall": stability["overall"]}
+    if reference is not None:
+        alignment = structural_alignment(residuals, reference, n_components)
+        result["alignment"] = {"score": alignment["score"].tolist(), "depth": alignment["depth"].tolist(),
+                               "reference_layer": alignment["reference_layer"].tolist()}
+    return result
+
+
+def plot(result: dict, out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    depth = result["stacked"]["depth"]
+    trajectory = np.array(result["stacked"]["mean_projection_by_layer"])
+    panels = [("mean projection on stacked PCs", {f"PC{j + 1}": trajectory[:, j] for j in range(trajectory.shape[1])}),
+              ("variance concentration", {f"top-{result['concentration']['k']} energy":
+                                          result["concentration"]["top_k_energy"]}),
+              ("effective rank / participation", {"effective rank": result["concentration"]["effective_rank"],
+                                                  "participation ratio":
+                                                  result["concentration"]["participation_ratio"]})]
+    if "alignment" in result:
+        score = np.array(result["alignment"]["score"])
+        panels.append(("alignment with reference |cos|", {f"PC{j + 1}": score[:, j] for j in range(score.shape[1])}))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6))
+    interactive = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels])
+    for column, (axis, (name, series)) in enumerate(zip(np.atleast_1d(axes), panels), start=1):
+        for label, values in series.items():
+            axis.plot(depth, values, marker="o", label=label)
+            interactive.add_trace(go.Scatter(x=depth, y=list(values), mode="lines+markers", name=f"{name}: {label}"),
+                                  row=1, col=column)
+        axis.set_title(name, fontsize=10)
+        axis.set_xlabel("normalised depth l/(L-1)")
+        axis.legend(fontsize=8)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(out / "geometry.png", dpi=120)
+    plt.close(figure)
+    interactive.update_layout(title=title, height=450)
+    interactive.write_html(out / "geometry.html", include_plotlyjs=True)
+
+
+def analyze_command(args) -> int:
+    prompts = read_prompts(args.prompts)
+    if len(prompts) < 3:
+        raise DataError(f"{args.prompts}: PCA of residuals needs at least 3 prompts, got {len(prompts)}")
+    residuals = residuals_of(args.model, prompts, args.chat_template, False, args.device, args.backend)
+    stripped = residuals_of(args.model, prompts, args.chat_template, True, args.device, args.backend) \
+        if args.stability else None
+    reference = residuals_of(args.reference, prompts, args.chat_template, False, args.device, args.backend) \
+        if args.reference else None
+    k = args.components if args.components == "twonn" else int(args.components)
+    result = {"model": args.model, "reference": args.reference, "prompts": str(args.prompts),
+              **analyse(residuals, reference, stripped, k)}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out, f"{args.model} ({len(prompts)} prompts)")
+    concentration = result["concentration"]
+    print(f"{result['n_layers']} layers, width {result['width']}, {result['n_prompts']} prompts; "
+          f"stacked PCA: {result['stacked']['n_components']} components")
+    print("depth  top-k energy  eff. rank" + ("  alignment(PC1)" if "alignment" in result else ""))
+    for layer, depth in enumerate(concentration["depth"]):
+        line = f"{depth:5.2f}  {concentration['top_k_energy'][layer]:12.3f}  {concentration['effective_rank'][layer]:9.2f}"
+        if "alignment" in result:
+            line += f"  {result['alignment']['score'][layer][0]:14.3f}"
+        print(line)
+    print(f"wrote {out / 'analysis.json'}, geometry.png, geometry.html")
+    return 0
+
+
+def add_analyze_arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="embedded name (toy-chat...), HF name or local directory")
+    parser.add_argument("--reference", default=None, help="reference model for the structural alignment score")
+    parser.add_argument("--prompts", required=True, help="JSONL (prompt field), XSTest CSV, or text (one a line)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--components", default="3", help="number of principal components, or 'twonn'")
+    parser.add_argument("--chat-template", action="store_true")
+    parser.add_argument("--no-stability", dest="stability", action="store_false",
+                        help="skip the PC1 stability check (without trailing punctuation)")
+    parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf")
+    parser.add_argument("--device", default="cpu")
