@@ -1,7 +1,10 @@
-"""python -m saes {train,eval,import-sdxl} ...
+"""python -m saes {train,eval,features,report,import-sdxl} ...
 
     python -m saes train --store runs/store --block unet.mid_block.attentions.0 --out runs/sae/mid
     python -m saes eval --sae runs/sae/mid --store runs/store --block unet.mid_block.attentions.0
+    python -m saes eval --sae runs/sae/mid --world 64 --model toy          (+ splice-in fidelity)
+    python -m saes features --model toy --sae saes/pretrained/toy --world 400 --out runs/features
+    python -m saes report --model toy --root saes/pretrained/toy --features-summary runs/features/features_summary.json
     python -m saes import-sdxl --checkpoint down.2.1_k10_hidden5120_auxk256_bs4096_lr0.0001/final --out runs/sae/down21
     torchrun --nproc-per-node 2 -m saes train ...      (data-parallel; each rank reads its own share)
 """
@@ -97,16 +100,132 @@ def _eval(args) -> int:
     block = args.block or sae.cfg.metadata.get("hook_name")
     if not block:
         raise ValueError("the SAE does not name its block; pass --block")
-    store = _open_store(args.store, block)
-    result = evaluate(sae, store.batches(block, batch_size=args.batch_size, shuffle=False), max_tokens=args.tokens)
+    if args.store is None and args.world is None:
+        raise ValueError("give the activations to evaluate on: --store DIR or --world N (with --model)")
+    if args.store is None and args.model is None:
+        raise ValueError("--world generates fresh images: it needs --model")
+    model = _load_model(args) if args.model else None
+    if args.store is not None:
+        store = _open_store(args.store, block)
+        batches = store.batches(block, batch_size=args.batch_size, shuffle=False)
+        prompts, seeds = store.prompts, list(store.manifest["seeds"])
+        if args.steps is None:
+            args.steps = int(store.manifest["steps"])
+    else:
+        from interp.store import world_prompts
+
+        from .features import generate_pool
+
+        prompts, seeds = world_prompts(args.world, args.world_seed), [args.seed + i for i in range(args.world)]
+        updates = generate_pool(model, [_model_block(model, block)], prompts, seeds, steps=args.steps).updates
+        vectors = next(iter(updates.values())).permute(0, 2, 3, 1).reshape(-1, sae.cfg.d_in)
+        batches = vectors.split(args.batch_size)
+    result = evaluate(sae, batches, max_tokens=args.tokens)
     result.update(sae=str(args.sae), block=block)
+    table = markdown_table({block: result})
+    if model is not None and args.fidelity_images > 0:
+        from .fidelity import fidelity_table, splice_fidelity
+
+        n = min(args.fidelity_images, len(prompts))
+        result["splice_fidelity"] = splice_fidelity(model, sae, _model_block(model, block), prompts[:n], seeds[:n],
+                                                    steps=args.steps, progress=True)
+        table += "\n" + fidelity_table({block: result["splice_fidelity"]})
     out = Path(args.out or Path(args.sae) / "eval.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))
-    table = markdown_table({block: result})
     out.with_suffix(".md").write_text(table)
     print(table, end="")
     print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+def _load_model(args):
+    import torch
+
+    from interp.models import load_t2i
+
+    torch.set_num_threads(args.threads)
+    return load_t2i(args.model, device=getattr(args, "device", None))
+
+
+def _model_block(model, block: str) -> str:
+    """The block's name in the model (`unet.` prefix dropped), or a clear error."""
+    name = block[len("unet."):] if block.startswith("unet.") else block
+    if name not in model.blocks:
+        raise ValueError(f"{model.name} has no block {block!r}; its blocks are: {', '.join(model.blocks)}")
+    return name
+
+
+def _sae_dirs(paths: list[str]) -> list[Path]:
+    """SAE directories: each path is one (cfg.json inside) or holds one per block."""
+    from .sae import CFG_FILENAME
+
+    dirs = []
+    for path in map(Path, paths):
+        if (path / CFG_FILENAME).is_file():
+            dirs.append(path)
+        elif path.is_dir() and any(path.glob(f"*/{CFG_FILENAME}")):
+            dirs.extend(sorted(p.parent for p in path.glob(f"*/{CFG_FILENAME}")))
+        else:
+            raise ValueError(f"{path} is not an SAE directory (no {CFG_FILENAME}) nor a directory of them")
+    return dirs
+
+
+def _features(args) -> int:
+    from .features import AnalysisConfig, analyse, generate_pool, store_pool
+    from .sae import SAE
+
+    if (args.store is None) == (args.world is None):
+        raise ValueError("give exactly one source of analysis images: --store DIR or --world N")
+    if args.world is not None and args.world < 1 or args.images < 1:
+        raise ValueError("the number of analysis images must be at least 1")
+    if args.top < 1:
+        raise ValueError("--top must be at least 1")
+    model = _load_model(args)
+    saes = {}
+    for directory in _sae_dirs(args.sae):
+        sae = SAE.load(directory)
+        block = sae.cfg.metadata.get("hook_name") or directory.name
+        block = _model_block(model, block)
+        if sae.cfg.d_in != model.blocks[block].channels:
+            raise ValueError(f"the SAE in {directory} reads {sae.cfg.d_in} channels but {block} has "
+                             f"{model.blocks[block].channels}")
+        if block in saes:
+            raise ValueError(f"two SAEs given for {block}: {saes[block][1]} and {directory}")
+        saes[block] = (sae, directory)
+    if args.store is not None:
+        from interp.store import ActivationStore
+
+        store = ActivationStore(args.store)
+        missing = [b for b in saes if b not in store.blocks]
+        if missing:
+            raise ValueError(f"the store at {args.store} lacks {', '.join(missing)}; it has: {', '.join(store.blocks)}")
+        pool = store_pool(model, store, list(saes), args.images)
+    else:
+        from interp.store import world_prompts
+
+        prompts = world_prompts(args.world, args.world_seed)
+        pool = generate_pool(model, list(saes), prompts, [args.seed + i for i in range(args.world)],
+                             steps=args.steps)
+    config = AnalysisConfig(n_top_images=args.top, label_min_auroc=args.label_min_auroc)
+    summary = analyse(saes, pool, args.model, args.out, config, pool_dir=args.pool_dir)
+    for block, entry in summary["blocks"].items():
+        print(f"{block}: {entry['live_features']} of {entry['features']} features fire on the pool, "
+              f"{entry['labelled_features']} labelled (AUROC >= {args.label_min_auroc})")
+    print(f"wrote features.json beside each SAE, the image pool, {Path(args.out) / 'features.html'} and "
+          f"{Path(args.out) / 'features_summary.json'}")
+    return 0
+
+
+def _report(args) -> int:
+    from .report import build_report, write_report
+
+    model = _load_model(args)
+    summary = json.loads(Path(args.features_summary).read_text()) if args.features_summary else None
+    report = build_report(model, args.root, n_eval_images=args.eval_images, n_fidelity_images=args.fidelity_images,
+                          features_summary=summary, world_seed=args.world_seed, seed=args.seed)
+    md = write_report(report, args.out or args.root)
+    print(md, end="")
     return 0
 
 
@@ -145,14 +264,54 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
     tr.set_defaults(run=_train)
 
-    ev = commands.add_parser("eval", help="explained variance, L0, dead and dense features (JSON + markdown)")
+    ev = commands.add_parser("eval", help="explained variance, L0, dead and dense features, and with --model "
+                                          "splice-in fidelity (JSON + markdown)")
     ev.add_argument("--sae", required=True, help="SAE directory (cfg.json + sae_weights.safetensors)")
-    ev.add_argument("--store", required=True)
+    ev.add_argument("--store", default=None, help="activation store to measure on")
+    ev.add_argument("--world", type=int, default=None, metavar="N",
+                    help="instead of a store: N fresh generations of shapes-world captions (needs --model)")
+    ev.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
+    ev.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
+    ev.add_argument("--model", default=None, help="toy, sdxl-turbo, ... : also measure splice-in fidelity")
+    ev.add_argument("--fidelity-images", type=int, default=32, help="images generated for splice fidelity")
+    ev.add_argument("--steps", type=int, default=None, help="denoising steps (default: the store's, else the model's)")
     ev.add_argument("--block", default=None, help="default: the block the SAE was trained on")
     ev.add_argument("--tokens", type=int, default=None, help="evaluate on at most this many vectors")
     ev.add_argument("--batch-size", type=int, default=4096)
+    ev.add_argument("--threads", type=int, default=1)
     ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json; .md beside it)")
     ev.set_defaults(run=_eval)
+
+    fe = commands.add_parser("features", help="feature cards: frequency, mean activation, top images with "
+                                              "heatmaps, shapes-world labels by AUROC (JSON + HTML)")
+    fe.add_argument("--model", default="toy", help="the model the SAEs belong to (images are generated with it)")
+    fe.add_argument("--sae", required=True, nargs="+",
+                    help="SAE directories, or a directory with one SAE per block (e.g. saes/pretrained/toy)")
+    fe.add_argument("--store", default=None, help="analyse the first --images images of this activation store")
+    fe.add_argument("--world", type=int, default=None, metavar="N", help="analyse N fresh shapes-world images")
+    fe.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
+    fe.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
+    fe.add_argument("--images", type=int, default=400, help="with --store: how many of its images")
+    fe.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    fe.add_argument("--top", type=int, default=6, help="top-activating images per feature")
+    fe.add_argument("--label-min-auroc", type=float, default=0.7, help="AUROC a label needs")
+    fe.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
+    fe.add_argument("--threads", type=int, default=1)
+    fe.add_argument("--out", required=True, help="directory for features.html and features_summary.json")
+    fe.set_defaults(run=_features)
+
+    re_ = commands.add_parser("report", help="evaluation report of a model's SAEs: EV, L0, dead, splice fidelity, "
+                                             "which blocks carry which attributes (REPORT.md + report.json)")
+    re_.add_argument("--model", default="toy")
+    re_.add_argument("--root", required=True, help="directory with one SAE per block (e.g. saes/pretrained/toy)")
+    re_.add_argument("--features-summary", default=None, help="features_summary.json of `python -m saes features`")
+    re_.add_argument("--eval-images", type=int, default=500, help="fresh images for EV, L0, dead features")
+    re_.add_argument("--fidelity-images", type=int, default=64, help="images for splice fidelity")
+    re_.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
+    re_.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
+    re_.add_argument("--threads", type=int, default=1)
+    re_.add_argument("--out", default=None, help="default: --root")
+    re_.set_defaults(run=_report)
 
     im = commands.add_parser("import-sdxl", help="convert a published SDXL Turbo SAE (state_dict.pth) to sae-lens format")
     im.add_argument("--checkpoint", required=True, help="state_dict.pth or its directory (with mean.pt / std.pt)")

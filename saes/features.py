@@ -1,0 +1,428 @@
+"""Feature analysis: what each SAE feature fires on, how strongly, where, and (on the shapes
+world) which attribute value it stands for.
+
+For each feature of a block's SAE, over a pool of analysed images:
+
+    frequency        share of block positions where the feature fires (latent > 0)
+    mean_activation  mean latent where it fires: the natural unit of edit strength
+    top_images       the images with the largest activation (max over positions), each with
+                     its heatmap (height, width) at the block's resolution
+    label            on the shapes world, the attribute value the feature's activation
+                     predicts best, by AUROC over block positions (see `attribute_targets`)
+
+Written as `features.json` beside the SAE (the web UI and `saes.library` read it), the
+image pool as `analysis_images.npz` + `analysis_prompts.json` in the parent directory (one
+pool shared by every block of a model), and an HTML page of feature cards plus a JSON
+summary (per attribute value: the best feature and its AUROC, per block).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .sae import SAE
+
+FEATURES_FILENAME = "features.json"
+IMAGES_FILENAME = "analysis_images.npz"
+PROMPTS_FILENAME = "analysis_prompts.json"
+SUMMARY_FILENAME = "features_summary.json"
+HTML_FILENAME = "features.html"
+
+
+@dataclass
+class AnalysisConfig:
+    """How features are analysed; plain values, saved with the results."""
+
+    n_top_images: int = 6
+    label_min_auroc: float = 0.7   # below this a feature's best attribute value is recorded but not its label
+    background_max_coverage: float = 0.05  # a position is background when objects cover less than this of it
+    html_max_features: int = 256   # cards on the HTML page (live features, labelled and best first)
+    html_images_per_card: int = 4
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- targets
+
+def _cell_rows_cols(position: str, height: int, width: int) -> tuple[slice, slice]:
+    """The block positions (rows, columns) inside a grid cell: `cell_box` at the block's size."""
+    from interp.zoo.shapes import cell_box
+
+    _, y0, _, y1 = cell_box(position, height)
+    x0, _, x1, _ = cell_box(position, width)
+    return slice(y0, y1), slice(x0, x1)
+
+
+def _object_coverage(scene, height: int, width: int) -> np.ndarray:
+    """(height, width): share of each block position's pixels covered by the scene's objects."""
+    from interp.zoo.shapes import IMAGE_SIZE, foreground_mask
+
+    mask = foreground_mask(scene, IMAGE_SIZE).astype(np.float32)
+    pooled = torch.nn.functional.adaptive_avg_pool2d(torch.from_numpy(mask)[None, None], (height, width))
+    return pooled[0, 0].numpy()
+
+
+def attribute_targets(scenes: list, height: int, width: int,
+                      background_max_coverage: float = 0.05) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """Per-position truth of every attribute value of the shapes world.
+
+    scenes: one `Scene` per image (None: the image takes part as a negative only).
+    Returns (names, targets): names[t] = (attribute, value); targets (T, n_images * height * width)
+    bool, positions ordered (image, row, column). For an object attribute (shape, colour,
+    size, texture, position) a position is positive when it lies in the grid cell of an
+    object with that value; for the background, when it lies outside every object
+    (coverage below `background_max_coverage`) of an image with that background.
+    """
+    from interp.zoo.shapes import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, SIZES, TEXTURES
+
+    values = {"shape": SHAPES, "colour": tuple(COLOURS), "size": SIZES, "texture": TEXTURES,
+              "position": POSITIONS, "background": tuple(BACKGROUNDS)}
+    names = [(attribute, value) for attribute, options in values.items() for value in options]
+    index = {name: t for t, name in enumerate(names)}
+    targets = np.zeros((len(names), len(scenes), height, width), dtype=bool)
+    for i, scene in enumerate(scenes):
+        if scene is None:
+            continue
+        for obj in scene.objects:
+            rows, cols = _cell_rows_cols(obj.position, height, width)
+            for attribute in ("shape", "colour", "size", "texture", "position"):
+                targets[index[(attribute, getattr(obj, attribute))], i, rows, cols] = True
+        targets[index[("background", scene.background)], i] = _object_coverage(scene, height, width) \
+            < background_max_coverage
+    return names, targets.reshape(len(names), -1)
+
+
+def auroc_matrix(activations: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """AUROC of every feature for every target, at once (Mann-Whitney U with tied ranks averaged).
+
+    activations: (positions, features); targets: (T, positions) bool.
+    Returns (T, features); NaN where a target has no positives or no negatives.
+    Equal to sklearn.metrics.roc_auc_score(targets[t], activations[:, f]) for each pair.
+    """
+    from scipy.stats import rankdata
+
+    ranks = rankdata(activations, axis=0).astype(np.float64)  # (P, F), ties get their average rank
+    positives = targets.sum(axis=1).astype(np.float64)        # (T,)
+    negatives = targets.shape[1] - positives
+    rank_sums = targets.astype(np.float64) @ ranks              # (T, F)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        auroc = (rank_sums - positives[:, None] * (positives[:, None] + 1) / 2) / (positives * negatives)[:, None]
+    auroc[(positives == 0) | (negatives == 0)] = np.nan
+    return auroc
+
+
+# ----------------------------------------------------------------------------- analysis
+
+@torch.no_grad()
+def encode_positions(sae: SAE, updates: torch.Tensor, batch_size: int = 8192) -> torch.Tensor:
+    """updates (images, channels, height, width) -> latents (images, height, width, features)."""
+    n, c, h, w = updates.shape
+    if c != sae.cfg.d_in:
+        raise ValueError(f"the block has {c} channels but the SAE reads {sae.cfg.d_in}")
+    vectors = updates.permute(0, 2, 3, 1).reshape(-1, c).float()
+    if not torch.isfinite(vectors).all():
+        raise ValueError("the block updates contain NaN or Inf values")
+    latents = torch.cat([sae.encode(vectors[i:i + batch_size].to(sae.W_enc.dtype)).float()
+                         for i in range(0, len(vectors), batch_size)])
+    return latents.reshape(n, h, w, -1)
+
+
+def analyse_block(sae: SAE, updates: torch.Tensor, scenes: list | None = None,
+                  config: AnalysisConfig | None = None) -> tuple[list[dict], dict]:
+    """Feature cards of one block and the per-attribute-value summary.
+
+    updates: (images, channels, height, width), one per image of the pool (the last
+    denoising step's update). scenes: the pool's `Scene`s (None entries for captions outside
+    the world), or None to skip labelling.
+    Returns (cards ordered by feature id, summary {"attribute=value": {...}}).
+    """
+    config = config or AnalysisConfig()
+    latents = encode_positions(sae, updates)             # (N, h, w, F)
+    n, h, w, n_features = latents.shape
+    flat = latents.reshape(-1, n_features)                # (P, F)
+    firing = flat > 0
+    fire_counts = firing.sum(0)
+    frequency = (fire_counts.double() / flat.shape[0]).tolist()
+    mean_activation = (flat.sum(0).double() / fire_counts.clamp_min(1)).tolist()
+    per_image_max = latents.amax(dim=(1, 2))              # (N, F)
+    n_top = min(config.n_top_images, n)
+    top_values, top_images = per_image_max.topk(n_top, dim=0)  # (n_top, F)
+
+    auroc = names = None
+    labelled = scenes is not None and any(s is not None for s in scenes)
+    if labelled:
+        names, targets = attribute_targets(scenes, h, w, config.background_max_coverage)
+        auroc = auroc_matrix(flat.numpy(), targets)       # (T, F)
+        usable = ~np.isnan(auroc).all(axis=1)
+    cards = []
+    for f in range(n_features):
+        card = {"id": f, "frequency": float(frequency[f]), "mean_activation": float(mean_activation[f]),
+                "label": None, "attribute": None, "value": None, "auroc": None, "top_images": []}
+        for value, image in zip(top_values[:, f].tolist(), top_images[:, f].tolist()):
+            if value <= 0:
+                break
+            card["top_images"].append({"index": int(image), "activation": float(value),
+                                       "heatmap": latents[image, :, :, f].tolist()})
+        if labelled and fire_counts[f] > 0:
+            column = np.where(usable, auroc[:, f], -np.inf)
+            best = int(np.argmax(column))
+            attribute, value = names[best]
+            card.update(attribute=attribute, value=value, auroc=_sklearn_auroc(targets[best], flat[:, f].numpy()))
+            if card["auroc"] >= config.label_min_auroc:
+                card["label"] = f"{attribute}={value}"
+        cards.append(card)
+
+    summary = {}
+    if labelled:
+        for t, (attribute, value) in enumerate(names):
+            if not usable[t]:
+                continue
+            label = f"{attribute}={value}"
+            column = np.where(fire_counts.numpy() > 0, auroc[t], -np.inf)
+            best = int(np.argmax(column))
+            own = [c for c in cards if c["label"] == label]
+            best_own = max(own, key=lambda c: c["auroc"], default=None)
+            summary[label] = {
+                "attribute": attribute, "value": value,
+                "best_feature": best, "best_auroc": float(auroc[t, best]),
+                "best_feature_label": cards[best]["label"],
+                "labelled_features": len(own),
+                "best_labelled_feature": best_own["id"] if best_own else None,
+                "best_labelled_auroc": best_own["auroc"] if best_own else None,
+            }
+    return cards, summary
+
+
+def _sklearn_auroc(target: np.ndarray, scores: np.ndarray) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(target, scores))
+
+
+# ----------------------------------------------------------------------------- the image pool
+
+@dataclass
+class AnalysisPool:
+    """Images and the updates of the analysed blocks at the last denoising step."""
+
+    images: np.ndarray                 # (N, H, W, 3) uint8
+    prompts: list[str]
+    seeds: list[int]
+    updates: dict[str, torch.Tensor]   # block -> (N, channels, height, width) float32
+
+    def scenes(self) -> list | None:
+        """The shapes-world scene of each prompt (None where a prompt is outside the world);
+        None when no prompt is of the world."""
+        from interp.zoo.shapes import WorldError, parse_caption
+
+        scenes = []
+        for prompt in self.prompts:
+            try:
+                scenes.append(parse_caption(prompt))
+            except WorldError:
+                scenes.append(None)
+        return scenes if any(s is not None for s in scenes) else None
+
+
+def generate_pool(model, blocks: list[str], prompts: list[str], seeds: list[int], steps: int | None = None,
+                  guidance: float | None = None, batch_size: int = 16, progress: bool = True) -> AnalysisPool:
+    """Generate the pool's images while capturing the blocks' updates (last step kept)."""
+    from tqdm import tqdm
+
+    from interp.hooks import capture_updates, generate
+
+    images, updates = [], {b: [] for b in blocks}
+    for start in tqdm(range(0, len(prompts), batch_size), desc="analysis images", unit="batch",
+                      disable=not progress):
+        chunk, chunk_seeds = prompts[start:start + batch_size], seeds[start:start + batch_size]
+        with capture_updates(model, blocks, device="cpu", dtype=torch.float32) as cap:
+            array = generate(model, chunk, steps=steps, seed=chunk_seeds, guidance=guidance, output_type="np")
+        images.append(np.clip(np.rint(np.asarray(array) * 255), 0, 255).astype(np.uint8))
+        for block in blocks:
+            updates[block].append(cap.updates(block)[-1])
+    return AnalysisPool(np.concatenate(images), list(prompts), list(seeds),
+                        {b: torch.cat(v) for b, v in updates.items()})
+
+
+def store_pool(model, store, blocks: list[str], n_images: int, batch_size: int = 16,
+               progress: bool = True) -> AnalysisPool:
+    """The first n images of an activation store: updates read from the store, images
+    regenerated from its prompts and seeds (the store keeps no pixels)."""
+    from tqdm import tqdm
+
+    from interp.hooks import generate
+
+    n = min(n_images, len(store))
+    plan = store.manifest
+    prompts, seeds = store.prompts[:n], list(plan["seeds"][:n])
+    images = []
+    for start in tqdm(range(0, n, batch_size), desc="analysis images", unit="batch", disable=not progress):
+        array = generate(model, prompts[start:start + batch_size], steps=plan["steps"],
+                         seed=seeds[start:start + batch_size], guidance=plan["guidance"], output_type="np")
+        images.append(np.clip(np.rint(np.asarray(array) * 255), 0, 255).astype(np.uint8))
+    updates = {b: torch.stack([store.image(i, b)[-1] for i in range(n)]) for b in blocks}
+    return AnalysisPool(np.concatenate(images), prompts, seeds, updates)
+
+
+# ----------------------------------------------------------------------------- files
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        Path(tmp).write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_pool(pool: AnalysisPool, directory: str | os.PathLike) -> None:
+    """analysis_images.npz (key "images", (N, H, W, 3) uint8, compressed) + analysis_prompts.json."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".analysis_images.", suffix=".npz")
+    os.close(fd)
+    try:
+        np.savez_compressed(tmp, images=pool.images)
+        os.replace(tmp, directory / IMAGES_FILENAME)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _atomic_write_text(directory / PROMPTS_FILENAME, json.dumps(pool.prompts))
+
+
+def write_features(sae_dir: str | os.PathLike, block: str, model_name: str, n_images: int,
+                   cards: list[dict]) -> Path:
+    """features.json beside the SAE, in the format `saes.library.FeatureLibrary` reads."""
+    path = Path(sae_dir) / FEATURES_FILENAME
+    payload = {"block": block, "model": model_name, "n_images": int(n_images), "features": cards}
+    _atomic_write_text(path, json.dumps(payload, separators=(",", ":")))
+    return path
+
+
+def _round_heatmaps(cards: list[dict], digits: int = 3) -> list[dict]:
+    """Heatmaps rounded (features.json stays small; three digits are plenty to draw them)."""
+    for card in cards:
+        for top in card["top_images"]:
+            top["heatmap"] = [[round(v, digits) for v in row] for row in top["heatmap"]]
+    return cards
+
+
+# ----------------------------------------------------------------------------- HTML
+
+def _png_base64(array: np.ndarray) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG", optimize=True)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _card_order(cards: list[dict]) -> list[dict]:
+    """Live features; labelled ones first by AUROC, then the rest by frequency."""
+    live = [c for c in cards if c["frequency"] > 0]
+    return sorted(live, key=lambda c: (c["label"] is None, -(c["auroc"] or 0.0), -c["frequency"]))
+
+
+def render_html(results: dict[str, list[dict]], images: np.ndarray, prompts: list[str], model_name: str,
+                summary: dict, config: AnalysisConfig) -> str:
+    """A self-contained page: per block, feature cards with heatmap overlays (base64 PNG)."""
+    from html import escape
+
+    from .library import heatmap_overlay
+
+    parts = [f"<!doctype html><meta charset='utf-8'><title>SAE features: {escape(model_name)}</title>",
+             "<style>body{font-family:sans-serif;margin:1em}.card{display:inline-block;vertical-align:top;"
+             "border:1px solid #ccc;border-radius:6px;margin:4px;padding:6px;width:292px}"
+             ".card img{width:64px;height:64px;image-rendering:pixelated;margin:1px}"
+             ".label{font-weight:bold}.meta{color:#555;font-size:12px}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ddd;padding:2px 6px;font-size:13px}</style>",
+             f"<h1>SAE features of {escape(model_name)}</h1>"]
+    if summary:
+        blocks = list(results)
+        parts.append("<h2>Best feature per attribute value (AUROC)</h2><table><tr><th>attribute value</th>"
+                     + "".join(f"<th>{escape(b)}</th>" for b in blocks) + "</tr>")
+        labels = sorted({label for b in blocks for label in summary.get(b, {})})
+        for label in labels:
+            row = []
+            for b in blocks:
+                entry = summary.get(b, {}).get(label)
+                row.append(f"<td>#{entry['best_feature']} {entry['best_auroc']:.3f}</td>" if entry else "<td></td>")
+            parts.append(f"<tr><td>{escape(label)}</td>{''.join(row)}</tr>")
+        parts.append("</table>")
+    for block, cards in results.items():
+        shown = _card_order(cards)[:config.html_max_features]
+        live = sum(c["frequency"] > 0 for c in cards)
+        parts.append(f"<h2 id='{escape(block)}'>{escape(block)}</h2><p class='meta'>{len(cards)} features, "
+                     f"{live} fire on the pool; showing {len(shown)}</p>")
+        for card in shown:
+            label = escape(card["label"] or "unlabelled")
+            auroc = f", AUROC {card['auroc']:.3f}" if card["auroc"] is not None else ""
+            best = "" if card["label"] or card["attribute"] is None else \
+                f" (best: {escape(card['attribute'])}={escape(card['value'])})"
+            thumbs = []
+            for top in card["top_images"][:config.html_images_per_card]:
+                overlay = heatmap_overlay(images[top["index"]], top["heatmap"], scale=1)
+                title = escape(f"{prompts[top['index']]} | max {top['activation']:.2f}")
+                thumbs.append(f"<img title='{title}' src='data:image/png;base64,{_png_base64(overlay)}'>")
+            parts.append(f"<div class='card'><div class='label'>#{card['id']} {label}</div>"
+                         f"<div class='meta'>freq {card['frequency']:.4f}, mean act {card['mean_activation']:.3f}"
+                         f"{auroc}{best}</div>{''.join(thumbs)}</div>")
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- the whole command
+
+def analyse(saes: dict[str, tuple[SAE, Path]], pool: AnalysisPool, model_name: str, out_dir: str | os.PathLike,
+            config: AnalysisConfig | None = None, pool_dir: str | os.PathLike | None = None) -> dict:
+    """Analyse each block's SAE on the pool; write features.json beside each SAE, the pool in
+    `pool_dir` (default: the parent of the first SAE), the HTML page and summary in `out_dir`.
+
+    saes: block -> (SAE, its directory). Returns the summary written to out_dir.
+    """
+    config = config or AnalysisConfig()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scenes = pool.scenes()
+    results, summaries = {}, {}
+    for block, (sae, sae_dir) in saes.items():
+        cards, summary = analyse_block(sae, pool.updates[block], scenes, config)
+        _round_heatmaps(cards)
+        write_features(sae_dir, block, model_name, len(pool.images), cards)
+        results[block], summaries[block] = cards, summary
+    pool_dir = Path(pool_dir) if pool_dir is not None else Path(next(iter(saes.values()))[1]).parent
+    write_pool(pool, pool_dir)
+    summary = {
+        "model": model_name, "n_images": len(pool.images), "labelled": scenes is not None,
+        "config": config.to_dict(),
+        "blocks": {block: {"features": len(cards), "live_features": sum(c["frequency"] > 0 for c in cards),
+                           "labelled_features": sum(c["label"] is not None for c in cards),
+                           "attribute_values": summaries[block]}
+                   for block, cards in results.items()},
+        "best_block": best_blocks(summaries),
+    }
+    _atomic_write_text(out_dir / SUMMARY_FILENAME, json.dumps(summary, indent=2))
+    _atomic_write_text(out_dir / HTML_FILENAME, render_html(results, pool.images, pool.prompts, model_name,
+                                                            summaries, config))
+    return summary
+
+
+def best_blocks(summaries: dict[str, dict]) -> dict[str, dict]:
+    """Per attribute value: the block (and feature) whose best feature predicts it best."""
+    best = {}
+    for block, summary in summaries.items():
+        for label, entry in summary.items():
+            if label not in best or entry["best_auroc"] > best[label]["auroc"]:
+                best[label] = {"block": block, "feature": entry["best_feature"], "auroc": entry["best_auroc"]}
+    return best

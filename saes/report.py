@@ -1,0 +1,163 @@
+"""Evaluation report of a model's SAEs (one per block): reconstruction on fresh generations,
+splice-in fidelity, and which blocks carry which attributes (from the feature analysis).
+
+Written as `report.json` (everything) and `REPORT.md` (tables) by `python -m saes report`.
+Targets checked (issue 4): explained variance >= 0.8, dead features <= 5%, and every colour
+and every shape of the shapes world has a feature labelled with it at AUROC >= 0.9 in some block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .evaluate import evaluate
+from .features import generate_pool
+from .fidelity import fidelity_table, splice_fidelity
+from .sae import CFG_FILENAME, SAE
+
+TARGETS = {"explained_variance_min": 0.8, "dead_fraction_max": 0.05, "label_auroc_min": 0.9}
+REPORT_JSON, REPORT_MD = "report.json", "REPORT.md"
+
+
+def _blocks(root: Path) -> dict[str, SAE]:
+    dirs = sorted(p.parent for p in root.glob(f"*/{CFG_FILENAME}"))
+    if not dirs:
+        raise ValueError(f"no SAEs under {root} (one directory per block with {CFG_FILENAME})")
+    return {d.name: SAE.load(d) for d in dirs}
+
+
+def label_coverage(features_summary: dict, min_auroc: float) -> dict[str, dict]:
+    """Per attribute value: the best feature *labelled* with it over all blocks (block, id, AUROC)."""
+    best: dict[str, dict] = {}
+    for block, entry in features_summary["blocks"].items():
+        for label, value in entry["attribute_values"].items():
+            auroc = value.get("best_labelled_auroc")
+            if auroc is not None and (label not in best or auroc > best[label]["auroc"]):
+                best[label] = {"block": block, "feature": value["best_labelled_feature"], "auroc": auroc}
+    return {label: {**v, "meets_target": v["auroc"] >= min_auroc} for label, v in best.items()}
+
+
+def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fidelity_images: int = 64,
+                 features_summary: dict | None = None, world_seed: int = 2, seed: int = 100_000) -> dict:
+    """Measure every block's SAE under `root` on fresh shapes-world generations of `model`."""
+    from interp.store import world_prompts
+    from interp.zoo.shapes import COLOURS, SHAPES
+
+    root = Path(root)
+    saes = _blocks(root)
+    for block in saes:
+        if block not in model.blocks:
+            raise ValueError(f"{model.name} has no block {block!r} (SAE directory under {root})")
+    prompts = world_prompts(max(n_eval_images, n_fidelity_images), world_seed)
+    seeds = [seed + i for i in range(len(prompts))]
+    pool = generate_pool(model, list(saes), prompts[:n_eval_images], seeds[:n_eval_images])
+    blocks = {}
+    for block, sae in saes.items():
+        vectors = pool.updates[block].permute(0, 2, 3, 1).reshape(-1, sae.cfg.d_in)
+        metrics = evaluate(sae, vectors.split(4096))
+        fidelity = splice_fidelity(model, sae, block, prompts[:n_fidelity_images], seeds[:n_fidelity_images],
+                                   progress=True)
+        blocks[block] = {
+            "d_in": sae.cfg.d_in, "d_sae": sae.cfg.d_sae, "k": sae.cfg.k, "architecture": sae.cfg.architecture,
+            **{key: metrics[key] for key in ("tokens", "explained_variance", "mse", "l0", "dead_features",
+                                             "dead_fraction", "dense_features", "dense_threshold")},
+            "meets_targets": bool(metrics["explained_variance"] >= TARGETS["explained_variance_min"]
+                                  and metrics["dead_fraction"] <= TARGETS["dead_fraction_max"]),
+            "splice_fidelity": fidelity,
+        }
+    report = {"model": model.name, "n_eval_images": n_eval_images, "n_fidelity_images": n_fidelity_images,
+              "world_seed": world_seed, "seed": seed, "targets": TARGETS, "blocks": blocks}
+    if features_summary is not None:
+        coverage = label_coverage(features_summary, TARGETS["label_auroc_min"])
+        wanted = [f"colour={c}" for c in COLOURS] + [f"shape={s}" for s in SHAPES]
+        report["attributes_by_block"] = {
+            block: {label: entry["best_auroc"] for label, entry in summary["attribute_values"].items()}
+            for block, summary in features_summary["blocks"].items()}
+        report["best_block"] = features_summary.get("best_block", {})
+        report["label_coverage"] = coverage
+        report["colours_and_shapes_labelled"] = {
+            label: coverage.get(label, {"auroc": None, "meets_target": False}) for label in wanted}
+        report["all_colours_and_shapes_labelled"] = all(
+            coverage.get(label, {}).get("meets_target", False) for label in wanted)
+        report["features_n_images"] = features_summary.get("n_images")
+    return report
+
+
+def _attribute_table(report: dict) -> str:
+    """Best AUROC per attribute (max over its values, and the mean over values) per block."""
+    by_block = report["attributes_by_block"]
+    blocks = list(by_block)
+    attributes = ("colour", "shape", "size", "texture", "position", "background")
+    lines = ["| attribute | " + " | ".join(blocks) + " |", "|---|" + "---:|" * len(blocks)]
+    for attribute in attributes:
+        cells = []
+        for block in blocks:
+            values = [v for label, v in by_block[block].items() if label.startswith(attribute + "=")]
+            cells.append(f"{sum(values) / len(values):.3f} (min {min(values):.3f})" if values else "-")
+        lines.append(f"| {attribute} (mean over values) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _value_table(report: dict) -> str:
+    by_block = report["attributes_by_block"]
+    blocks = list(by_block)
+    labels = sorted({label for summary in by_block.values() for label in summary})
+    lines = ["| attribute value | " + " | ".join(blocks) + " | labelled feature (block, AUROC) |",
+             "|---|" + "---:|" * len(blocks) + "---|"]
+    coverage = report["label_coverage"]
+    for label in labels:
+        best_block = max(blocks, key=lambda b: by_block[b].get(label, -1))
+        cells = [(f"**{by_block[b][label]:.3f}**" if b == best_block else f"{by_block[b][label]:.3f}")
+                 if label in by_block[b] else "-" for b in blocks]
+        cov = coverage.get(label)
+        cov_text = f"#{cov['feature']} in {cov['block']}, {cov['auroc']:.3f}" if cov else "none"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {cov_text} |")
+    return "\n".join(lines) + "\n"
+
+
+def report_markdown(report: dict) -> str:
+    t = report["targets"]
+    lines = [f"# SAEs of the {report['model']} model: evaluation report", "",
+             f"Measured on {report['n_eval_images']} fresh shapes-world generations (captions seed "
+             f"{report['world_seed']}, image seeds from {report['seed']}); splice fidelity on the first "
+             f"{report['n_fidelity_images']}. Targets: explained variance >= {t['explained_variance_min']}, "
+             f"dead features <= {100 * t['dead_fraction_max']:.0f}%, every colour and shape labelled at "
+             f"AUROC >= {t['label_auroc_min']} in some block.", "",
+             "## Reconstruction", "",
+             "| block | d_sae | k | explained variance | L0 | dead | dense | targets met |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for block, r in report["blocks"].items():
+        lines.append(f"| {block} | {r['d_sae']} | {r['k']} | {r['explained_variance']:.3f} | {r['l0']:.2f} | "
+                     f"{r['dead_features']} ({100 * r['dead_fraction']:.1f}%) | {r['dense_features']} | "
+                     f"{'yes' if r['meets_targets'] else 'no'} |")
+    lines += ["", "## Splice-in fidelity", "",
+              "Each image generated with the block's update replaced by the SAE reconstruction (`splice`), "
+              "the same plus the SAE error (`splice_with_error`), and with the block ablated, compared "
+              "with the original generation. Probe columns: attribute accuracy of the probe's reading "
+              "against the caption.", "",
+              fidelity_table({b: r["splice_fidelity"] for b, r in report["blocks"].items()}).rstrip()]
+    if "attributes_by_block" in report:
+        lines += ["", "## Which blocks carry which attributes", "",
+                  f"Best feature AUROC per attribute value per block over block positions, from the feature "
+                  f"analysis of {report.get('features_n_images')} images (bold: the best block).", "",
+                  _attribute_table(report).rstrip(), "", _value_table(report).rstrip(), "",
+                  f"Every colour and shape labelled at AUROC >= {t['label_auroc_min']}: "
+                  f"{'yes' if report['all_colours_and_shapes_labelled'] else 'no'}"]
+        missing = [label for label, v in report["colours_and_shapes_labelled"].items() if not v["meets_target"]]
+        if missing:
+            lines.append(f"(not met: {', '.join(missing)})")
+    if report.get("notes"):
+        lines += ["", "## Notes", "", report["notes"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict, out_dir: str | os.PathLike) -> str:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / REPORT_JSON).write_text(json.dumps(report, indent=2))
+    md = report_markdown(report)
+    (out / REPORT_MD).write_text(md)
+    return md
+
