@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
+import json
 import os
+import queue
+import re
+import shutil
+import tempfile
 import threading
+import time
+from pathlib import Path
 
 import gradio as gr
 import numpy as np
@@ -20,8 +28,38 @@ DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped st
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError)  # ModelError, EditError, LibraryError... are ValueErrors
 
 
+UPLOAD_LIMIT_BYTES = 2_000_000   # per uploaded data file (launch's max_file_size is the hard cap)
+MAX_PROMPTS = 2000               # prompts read from one uploaded file
+MAX_RIEBENCH_TASKS = 8           # tasks in one interactive run
+RIEBENCH_TASKS_SHOWN = 8         # tasks of a category offered for choice
+WORLD_PROMPT_SETS = {            # FlowLens prompt sets from the chat world: name -> kinds (held-out split)
+    "built-in mixture (chat world, held out)": ("general", "benign", "harmful"),
+    "chat world: benign only": ("benign",),
+    "chat world: harmful only": ("harmful",),
+    "chat world: general only": ("general",),
+}
+UPLOADED = "uploaded file"
+
+
+def _message(err: BaseException) -> gr.Error:
+    return gr.Error(str(err).strip("'\""))
+
+
 def user_errors(fn):
-    """Show bad input as a message in the UI (never a stack trace); the app stays usable."""
+    """Show bad input as a message in the UI (never a stack trace); the app stays usable.
+    Works for plain functions and for generators (streaming updates)."""
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def streaming(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error:
+                raise
+            except USER_ERRORS as err:
+                raise _message(err) from None
+
+        return streaming
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -30,9 +68,46 @@ def user_errors(fn):
         except gr.Error:
             raise
         except USER_ERRORS as err:
-            raise gr.Error(str(err).strip("'\"")) from None
+            raise _message(err) from None
 
     return wrapper
+
+
+def session_key(request: gr.Request | None) -> str:
+    """A file-safe name for the browser session (Gradio's session hash; never a path from the user)."""
+    raw = getattr(request, "session_hash", None) or "anonymous"
+    return re.sub(r"[^A-Za-z0-9_-]", "", raw)[:64] or "anonymous"
+
+
+def whole_number(value, name: str, low: int = 0, high: int | None = None) -> int:
+    if value is None or value == "" or not float(value).is_integer():
+        raise ValueError(f"{name} must be a whole number")
+    number = int(float(value))
+    if number < low or (high is not None and number > high):
+        raise ValueError(f"{name} must be between {low} and {high}" if high is not None
+                         else f"{name} must be {low} or more")
+    return number
+
+
+def finite_number(value, name: str) -> float:
+    if value is None or value == "" or not np.isfinite(float(value)):
+        raise ValueError(f"{name} must be a finite number")
+    return float(value)
+
+
+def run_in_thread(work, on_event=None):
+    """Start `work(emit)` in a daemon thread; returns a queue of ("event", x), then ("done", result) or
+    ("error", exception). Long actions run there so the generator can stream progress meanwhile."""
+    events: queue.Queue = queue.Queue()
+
+    def target():
+        try:
+            events.put(("done", work(lambda item: events.put(("event", item)))))
+        except BaseException as err:  # noqa: BLE001 - handed to the generator, which reports it
+            events.put(("error", err))
+
+    threading.Thread(target=target, daemon=True).start()
+    return events
 
 
 def parse_steps(text: str, n_steps: int) -> list[int] | None:
@@ -57,9 +132,14 @@ class Workbench:
     """What the UI serves: models loaded lazily, once, and shared read-only by every session.
     Per-session results live in gr.State, never here."""
 
-    def __init__(self, model_name: str = "toy"):
+    def __init__(self, model_name: str = "toy", data_dir: str | os.PathLike | None = None):
         self.model_name = model_name
         self._lock = threading.Lock()
+        # Everything the app writes lives here, one folder per browser session (removed when it ends).
+        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.gettempdir()) / "interp-workbench"
+        self._cancels: dict[tuple[str, str], threading.Event] = {}
+        self._lms: dict[str, object] = {}
+        self._saes: dict[tuple[str, ...], dict] = {}
 
     @functools.cached_property
     def t2i(self):
@@ -77,6 +157,56 @@ class Workbench:
         from saes.library import PRETRAINED_DIR, load_analysis_images
 
         return load_analysis_images(PRETRAINED_DIR / self.model_name)
+
+    # ----- sessions, cancellation and uploads -----------------------------------------------------
+    def session_dir(self, request: gr.Request | None, *parts: str) -> Path:
+        directory = self.data_dir / "sessions" / session_key(request)
+        for part in parts:
+            directory = directory / part
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    def end_session(self, request: gr.Request):
+        """On closing the page: stop the session's running actions and remove its files."""
+        key = session_key(request)
+        for (session, _), event in list(self._cancels.items()):
+            if session == key:
+                event.set()
+        shutil.rmtree(self.data_dir / "sessions" / key, ignore_errors=True)
+
+    def start_action(self, request: gr.Request | None, action: str) -> threading.Event:
+        event = threading.Event()
+        self._cancels[(session_key(request), action)] = event
+        return event
+
+    def cancel(self, action: str):
+        """The Cancel button's handler for one action of the clicking session."""
+        def cancel_action(request: gr.Request):
+            event = self._cancels.get((session_key(request), action))
+            if event is not None:
+                event.set()
+            return f"**Cancelling** {action}: it stops after the current step; finished results are kept."
+        return cancel_action
+
+    def checked_upload(self, path, suffixes: tuple[str, ...]) -> Path:
+        """An uploaded file's path after checking where it is, its type and its size. Only Gradio's upload
+        folder (and the app's data directory) are read: a path typed or sent by a client goes nowhere else."""
+        if not path:
+            raise ValueError("upload a file first")
+        path = Path(getattr(path, "path", path)).resolve()
+        roots = [Path(gr.utils.get_upload_folder()).resolve(), self.data_dir.resolve()]
+        if not any(path.is_relative_to(root) for root in roots):
+            raise ValueError("only files uploaded through this page can be read")
+        if path.suffix.lower() not in suffixes:
+            raise ValueError(f"{path.name}: this field takes {' or '.join(suffixes)} files only")
+        if not path.is_file():
+            raise ValueError(f"{path.name}: the upload is no longer available; upload it again")
+        size = path.stat().st_size
+        if size > UPLOAD_LIMIT_BYTES:
+            raise ValueError(f"{path.name} is {size / 1e6:.1f} MB; the limit is {UPLOAD_LIMIT_BYTES / 1e6:.0f} MB")
+        if size == 0:
+            raise ValueError(f"{path.name} is empty")
+        return path
 
     def require_library(self):
         if self.library is None:
@@ -240,6 +370,296 @@ class Workbench:
         feature = row[0] if row else evt.value
         return (feature, *self.feature_card(block, feature))
 
+    # ----- RIEBench -----------------------------------------------------------------------------
+    @functools.cached_property
+    def riebench_suite(self):
+        from riebench.tasks import ShapesSuiteConfig, shapes_suite
+
+        return shapes_suite(ShapesSuiteConfig(seed=0))
+
+    def riebench_categories(self) -> list[str]:
+        return self.riebench_suite.categories()
+
+    def riebench_task_choices(self, category: str) -> list[tuple[str, str]]:
+        """(label shown, task id) of the first tasks of a category."""
+        tasks = [t for t in self.riebench_suite.tasks if t.category == category][:RIEBENCH_TASKS_SHOWN]
+        return [(f"{t.id}: {t.editing_instruction or t.edited}", t.id) for t in tasks]
+
+    def riebench_tasks_for(self, category: str):
+        choices = self.riebench_task_choices(category) if category else []
+        return gr.update(choices=choices, value=[c[1] for c in choices[:2]])
+
+    def riebench_saes(self, blocks: list[str]) -> dict | None:
+        if self.library is None:
+            return None
+        from riebench.methods import load_saes
+        from saes.library import PRETRAINED_DIR
+
+        key = tuple(sorted(blocks))
+        if key not in self._saes:
+            self._saes[key] = load_saes(PRETRAINED_DIR / self.model_name, list(key))
+        return self._saes[key]
+
+    def riebench_outputs(self, results: list[dict], gallery: list, status: str):
+        from riebench.report import category_table, tradeoff_curves, tradeoff_figure
+
+        rows = category_table(results)
+        columns = ["method", "k_trans", "m", "category", "n", "success", "preservation", "outside_pixel_distance",
+                   "target_distance"]
+        table = [[round(r[c], 3) if isinstance(r.get(c), float) else r.get(c) for c in columns] for r in rows]
+        figure = tradeoff_figure(tradeoff_curves(rows)) if rows else None
+        return status, gr.update(value=table, headers=columns), figure, gallery
+
+    @user_errors
+    def riebench_run(self, category: str, task_ids: list[str], method: str, k_trans, multiplier, blocks: list[str],
+                     variant: str, request: gr.Request = None, progress=gr.Progress()):
+        """Run a method on the chosen tasks; streams the table, the trade-off plot and the gallery per task."""
+        from interp.zoo import shapes
+        from riebench.methods import METHODS, MethodConfig
+        from riebench.runner import RunConfig, Runner
+
+        if not task_ids:
+            raise ValueError("choose at least one task")
+        if len(task_ids) > MAX_RIEBENCH_TASKS:
+            raise ValueError(f"choose at most {MAX_RIEBENCH_TASKS} tasks for an interactive run "
+                             "(run the whole suite with `python -m riebench run`)")
+        if not blocks:
+            raise ValueError("choose at least one block")
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        saes = self.riebench_saes(blocks)
+        if METHODS[method].needs_saes and saes is None:
+            raise ValueError(f"the {method} method needs SAEs, and none are shipped for {self.model_name} yet; "
+                             "choose activation-diff, neurons or prompt-swap")
+        config = MethodConfig(method, whole_number(k_trans, "k_trans", 1), finite_number(multiplier, "m"),
+                              list(blocks), variant or "static")
+        suite = self.riebench_suite.select(ids=list(task_ids))
+        out = Path(tempfile.mkdtemp(prefix="run-", dir=self.session_dir(request, "riebench")))
+        runner = Runner(RunConfig(model=self.model_name, configs=[config]), out, model=self.t2i, saes=saes,
+                        suite=suite, progress=False)
+        cancel = self.start_action(request, "riebench")
+        events = run_in_thread(lambda emit: runner.run(on_result=emit, cancel=cancel))
+        results, gallery, failures = [], [], []
+        progress((0, len(suite.tasks)), desc="riebench", unit="task")
+        yield self.riebench_outputs(results, gallery, f"Running {config.label} on {len(suite.tasks)} task(s)…")
+        try:
+            while True:
+                kind, item = events.get()
+                if kind == "error":
+                    raise item
+                if kind == "done":
+                    break
+                task, result = item["task"], item["result"]
+                progress((item["done"], item["total"]), desc="riebench", unit="task")
+                if "error" in result:
+                    failures.append(f"{task.id}: {result['error']}")
+                else:
+                    results.append(result)
+                    target = shapes.render(task.scenes()[1]) if task.target_scene is not None else None
+                    gallery += [(item["original_image"], f"{task.id} original: {task.original}"),
+                                (item["edited_image"], f"{task.id} edited ({config.label})"),
+                                *([(target, f"{task.id} target: {task.edited}")] if target is not None else [])]
+                yield self.riebench_outputs(results, gallery, f"{item['done']} of {item['total']} task(s) done…")
+        finally:
+            cancel.set()  # a closed or cancelled stream stops the run after the current edit
+        counts = item
+        status = (f"**{'Cancelled' if counts.get('cancelled') else 'Finished'}**: {counts['done']} task(s) edited "
+                  f"with {config.label} (k_trans={config.k_trans}, m={config.multiplier:g}), {counts['failed']} failed."
+                  + "".join(f"\n- {f}" for f in failures))
+        yield self.riebench_outputs(results, gallery, status)
+
+    # ----- FlowLens -----------------------------------------------------------------------------
+    @staticmethod
+    def chat_models() -> list[str]:
+        from interp.models.lm import embedded_lms
+
+        return list(embedded_lms())
+
+    def lm(self, name: str):
+        """A language model for analysis, loaded once and shared read-only (never trained in place)."""
+        from interp.models.lm import load_lm
+
+        if name not in self.chat_models():
+            raise ValueError(f"unknown model {name!r}; the embedded chat models here are: "
+                             f"{', '.join(self.chat_models()) or 'none'}")
+        with self._lock:
+            if name not in self._lms:
+                self._lms[name] = load_lm(name)
+        return self._lms[name]
+
+    @staticmethod
+    def world_records(kinds: tuple[str, ...], n: int, seed: int = 0) -> list[dict]:
+        """Held-out chat-world examples, the same number of each kind (round robin)."""
+        from interp.zoo.chat.world import World
+
+        world = World()
+        per_kind = {kind: world.sample(kind, "held_out", -(-n // len(kinds)), seed) for kind in kinds}
+        return [per_kind[kinds[i % len(kinds)]][i // len(kinds)] for i in range(n)]
+
+    def flowlens_prompts(self, source: str, upload, n_prompts) -> list[str]:
+        from flowlens.analyze import read_prompts
+
+        if source == UPLOADED:
+            prompts = read_prompts(self.checked_upload(upload, (".jsonl", ".csv")))
+            if len(prompts) > MAX_PROMPTS:
+                raise ValueError(f"the file has {len(prompts)} prompts; the UI reads at most {MAX_PROMPTS}")
+        elif source in WORLD_PROMPT_SETS:
+            prompts = [r["prompt"] for r in self.world_records(WORLD_PROMPT_SETS[source],
+                                                               whole_number(n_prompts, "prompts", 3, MAX_PROMPTS))]
+        else:
+            raise ValueError(f"unknown prompt set {source!r}")
+        if len(prompts) < 3:
+            raise ValueError(f"PCA of residuals needs at least 3 prompts, got {len(prompts)}")
+        return prompts
+
+    @user_errors
+    def flowlens_run(self, models: list[str], reference: str, source: str, upload, n_prompts, components,
+                     stability: bool, progress=gr.Progress()):
+        """Residual geometry of each chosen model (aligned with the reference when one is chosen)."""
+        from flowlens.analyze import analyse, geometry_figures
+        from interp.hooks.lm import last_token_residuals
+
+        models = [models] if isinstance(models, str) else list(models or [])
+        if not models:
+            raise ValueError("choose at least one model")
+        reference = None if reference in (None, "", "none") else reference
+        k = whole_number(components, "components", 1, 64)
+        prompts = self.flowlens_prompts(source, upload, n_prompts)
+        names = list(dict.fromkeys(models + ([reference] if reference else [])))
+        residuals, stripped = {}, {}
+        for i, name in enumerate(names):
+            progress((i, len(names)), desc=f"residuals of {name}", unit="model")
+            lm = self.lm(name)
+            template = bool(getattr(lm.tokenizer, "chat_template", None))
+            residuals[name] = last_token_residuals(lm, prompts, chat_template=template).numpy()
+            if stability:
+                stripped[name] = last_token_residuals(lm, prompts, chat_template=template,
+                                                      strip_trailing_punctuation=True).numpy()
+        progress((len(names), len(names)), desc="PCA")
+        results = {name: analyse(residuals[name], residuals[reference] if reference and name != reference else None,
+                                 stripped.get(name), k) for name in names}
+        figures = geometry_figures(results)
+        lines = [f"**{len(prompts)} prompts** ({source}); {k} principal component(s)."]
+        for name, r in results.items():
+            ratio = ", ".join(f"{v:.2f}" for v in r["stacked"]["explained_variance_ratio"])
+            line = f"- **{name}**: {r['n_layers']} layers, width {r['width']}; stacked PCA explains {ratio}"
+            if "alignment" in r:
+                line += f"; mean alignment of PC1 with {reference}: {np.mean([s[0] for s in r['alignment']['score']]):.3f}"
+            if "pc1_stability" in r:
+                line += f"; PC1 stability without trailing punctuation: {r['pc1_stability']['overall']:.3f}"
+            lines.append(line)
+        if not reference:
+            lines.append("Choose a reference model to see the alignment score.")
+        return "\n".join(lines), figures["concentration"], figures["projections"], figures.get("alignment")
+
+    @user_errors
+    def diversity(self, upload, selection: str):
+        from flowlens.diversity import TEXT_SELECTIONS, lexical_diversity, read_texts
+
+        if selection not in TEXT_SELECTIONS:
+            raise ValueError(f"choose one of {', '.join(TEXT_SELECTIONS)}")
+        path = self.checked_upload(upload, (".jsonl",))
+        report = lexical_diversity(read_texts(path, selection), selection=selection).to_json()
+        row = {"texts": report["n_texts"], "tokens": report["n_tokens"], **report["entropy"], **report["distinct"],
+               **report["unique"], f"MSTTR({report['msttr_window']})": report["msttr"]}
+        table = [[k, round(v, 4) if isinstance(v, float) else ("n/a" if v is None else v)] for k, v in row.items()]
+        return table, f"Lexical diversity of the {selection} of {path.name} (word tokens)."
+
+    # ----- VCL fine-tuning ----------------------------------------------------------------------
+    def vcl_data(self, directory: Path, source: str, upload, n_examples: int, eval_per_kind: int):
+        """The training JSONL and the evaluation prompt set of a run, written into the session's folder."""
+        from interp.zoo.chat.world import World, write_jsonl
+
+        data = directory / "train.jsonl"
+        if source == UPLOADED:
+            shutil.copyfile(self.checked_upload(upload, (".jsonl",)), data)
+        else:
+            write_jsonl(data, World().mixture("train", n_examples, {"general": 0.5, "benign": 0.25, "harmful": 0.25}))
+        if eval_per_kind == 0:
+            return data, None
+        evaluation = directory / "eval.jsonl"
+        write_jsonl(evaluation, self.world_records(("general", "benign", "harmful"), 3 * eval_per_kind, seed=1))
+        return data, evaluation
+
+    @staticmethod
+    def vcl_table(result: dict | None) -> list[list]:
+        if not result or not result.get("eval_before"):
+            return []
+        before, after = result["eval_before"], result.get("eval_after") or {}
+        names = {"task_accuracy": "task accuracy (general)", "false_refusal_rate": "false refusal rate (benign)",
+                 "harmful_refusal_rate": "refusal rate (harmful)"}
+
+        def show(value):
+            return "n/a" if value is None else round(value, 3)
+
+        return [[label, show(before.get(key)), show(after.get(key)) if after else "(not run)"]
+                for key, label in names.items()]
+
+    @user_errors
+    def vcl_run(self, model_name: str, source: str, upload, n_examples, weight, k, window_start, window_end,
+                sign: str, pooling: str, steps, lr, batch_size, eval_per_kind, request: gr.Request = None,
+                progress=gr.Progress()):
+        """Fine-tune a fresh copy of the model with SFT + lambda x VCL; streams the loss curves."""
+        from flowlens.finetune import FinetuneConfig, finetune, loss_curves_figure, read_log
+        from flowlens.vcl import VCLConfig
+        from interp.models.lm import load_hf_lm
+
+        if model_name not in self.chat_models():
+            raise ValueError(f"unknown model {model_name!r}; the embedded chat models here are: "
+                             f"{', '.join(self.chat_models()) or 'none'}")
+        vcl = VCLConfig(k=whole_number(k, "k", 1), weight=finite_number(weight, "lambda"),
+                        window=(finite_number(window_start, "window start"), finite_number(window_end, "window end")),
+                        sign=sign, pooling=pooling)
+        steps = whole_number(steps, "steps", 1, 2000)
+        batch = whole_number(batch_size, "batch size", 1, 64)
+        eval_per_kind = whole_number(eval_per_kind, "evaluation prompts per kind", 0, 100)
+        run_dir = Path(tempfile.mkdtemp(prefix="vcl-", dir=self.session_dir(request, "vcl")))
+        data, evaluation = self.vcl_data(run_dir, source, upload, whole_number(n_examples, "examples", 1, 20000),
+                                         eval_per_kind)
+        from flowlens.refusals import context_length
+
+        model, tokenizer = load_hf_lm(model_name)  # a private copy: training never touches the shared models
+        config = FinetuneConfig(model=model_name, data=str(data), out=str(run_dir / "run"), steps=steps,
+                                batch_size=batch, lr=finite_number(lr, "lr"), vcl=vcl, save_every=steps,
+                                max_length=min(256, context_length(model) or 256),
+                                chat_template=bool(getattr(tokenizer, "chat_template", None)),
+                                eval_prompts=str(evaluation) if evaluation else None, eval_max_new_tokens=24,
+                                progress=False)
+        cancel = self.start_action(request, "fine-tuning")
+        events = run_in_thread(lambda emit: finetune(config, model=model, tokenizer=tokenizer, cancel=cancel))
+        title = f"{model_name}: SFT + {vcl.weight:g} x VCL (k={vcl.k}, window {vcl.window[0]:g}-{vcl.window[1]:g}, " \
+                f"{vcl.sign}, {vcl.pooling})"
+        shown = -1
+        try:
+            while True:
+                try:
+                    kind, item = events.get(timeout=0.5)
+                except queue.Empty:
+                    kind = None
+                if kind == "error":
+                    raise item
+                entries = read_log(config.out)
+                if kind == "done":
+                    break
+                if len(entries) != shown:
+                    shown = len(entries)
+                    progress((len(entries), steps), desc="fine-tuning", unit="step")
+                    phase = "evaluating before training…" if not entries and evaluation else \
+                        f"step {len(entries)} of {steps}…"
+                    yield f"Fine-tuning: {phase}", loss_curves_figure(entries, title), []
+        finally:
+            cancel.set()  # a closed stream stops the run after the current step
+        result = item
+        if result["status"] == "cancelled":
+            status = (f"**Cancelled** cleanly at step {result['step']} of {steps}: the checkpoint is saved in the "
+                      "session's folder; the after-training evaluation was not run.")
+        else:
+            last = entries[-1] if entries else {}
+            status = (f"**Finished** {steps} steps: SFT {last.get('sft_loss', float('nan')):.3f}, "
+                      f"VCL {last.get('vcl_loss', float('nan')):.3f}"
+                      + (f", top-{vcl.k} energy ratio {last['vcl_ratio']:.3f}" if "vcl_ratio" in last else "") + ".")
+        yield status, loss_curves_figure(entries, title), self.vcl_table(result)
+
 
 def build_ui(bench: Workbench) -> gr.Blocks:
     blocks = list(bench.t2i.blocks)
@@ -346,7 +766,152 @@ def build_ui(bench: Workbench) -> gr.Blocks:
             table.select(bench.select_row, [f_block], [f_id, card_text, gallery], queue=False)
             demo.load(bench.feature_table, [f_block, f_sort, f_search], [table, f_summary], queue=False) \
                 if default_block else None
+        with gr.Tab("RIEBench", id="riebench"):
+            build_riebench_tab(bench, blocks)
+        with gr.Tab("FlowLens", id="flowlens"):
+            build_flowlens_tab(bench)
+        with gr.Tab("VCL fine-tuning", id="vcl"):
+            build_vcl_tab(bench)
+        demo.unload(bench.end_session)
     return demo
+
+
+def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
+    from riebench.methods import METHODS, VARIANTS
+
+    categories = bench.riebench_categories()
+    first = categories[0] if categories else None
+    tasks = bench.riebench_task_choices(first) if first else []
+    methods = list(METHODS)
+    default_method = "sae" if bench.library is not None and "sae" in methods else \
+        next((m for m in ("activation-diff", "neurons", "prompt-swap") if m in methods), methods[0])
+    gr.Markdown("Edit images by representations: a method finds the units (SAE features, neurons, the update "
+                "itself) that separate the original from the edited prompt and transports them while the original "
+                "is generated again. Scored against the exact target the shapes world renders.")
+    with gr.Row():
+        with gr.Column():
+            category = gr.Dropdown(categories, value=first, label="Category", elem_id="riebench-category")
+            task_ids = gr.CheckboxGroup(tasks, value=[t[1] for t in tasks[:2]], label="Tasks",
+                                        elem_id="riebench-tasks")
+        with gr.Column():
+            method = gr.Dropdown(methods, value=default_method, label="Method", elem_id="riebench-method")
+            with gr.Row():
+                k_trans = gr.Number(value=5, precision=0, minimum=1, label="k_trans (units moved)",
+                                    elem_id="riebench-k")
+                multiplier = gr.Number(value=1.0, label="m (multiplier)", elem_id="riebench-m")
+            variant = gr.Radio(list(VARIANTS), value="static", label="Variant (sae)", elem_id="riebench-variant")
+            run_blocks = gr.CheckboxGroup(blocks, value=blocks, label="Blocks", elem_id="riebench-blocks")
+            with gr.Row():
+                run = gr.Button("Run", variant="primary", elem_id="riebench-run")
+                cancel = gr.Button("Cancel", variant="stop", elem_id="riebench-cancel")
+    status = gr.Markdown(elem_id="riebench-status")
+    with gr.Row():
+        table = gr.Dataframe(label="Results (mean per category)", interactive=False, elem_id="riebench-table")
+        plot = gr.Plot(label="Success against preservation", elem_id="riebench-plot")
+    gallery = gr.Gallery(label="Original / edited / target, per task", columns=6, height=260,
+                         elem_id="riebench-gallery")
+    category.change(bench.riebench_tasks_for, [category], [task_ids], queue=False, api_name=False)
+    event = run.click(bench.riebench_run, [category, task_ids, method, k_trans, multiplier, run_blocks, variant],
+                      [status, table, plot, gallery], api_name="riebench", concurrency_limit=1)
+    cancel.click(bench.cancel("riebench"), None, [status], cancels=[event], queue=False, api_name=False)
+
+
+def build_flowlens_tab(bench: Workbench) -> None:
+    models = bench.chat_models()
+    gr.Markdown("Residual geometry of language models: residuals at the last prompt token of every layer, PCA "
+                "across layers, how variance concentrates along a few directions layer by layer, and how well the "
+                "principal directions align with a reference model's." +
+                ("" if models else "\n\n**No embedded chat model is present**: train them with "
+                 "`python -m interp.zoo train chat`."))
+    with gr.Row():
+        with gr.Column():
+            chosen = gr.Dropdown(models, value=models[:1], multiselect=True, label="Models",
+                                 elem_id="flowlens-models")
+            reference = gr.Dropdown(["none"] + models, value="none", label="Reference (alignment score)",
+                                    elem_id="flowlens-reference")
+            source = gr.Radio(list(WORLD_PROMPT_SETS) + [UPLOADED], value=next(iter(WORLD_PROMPT_SETS)),
+                              label="Prompt set", elem_id="flowlens-source")
+            upload = gr.File(label="Prompt file (JSONL with a prompt field, or XSTest CSV; 2 MB at most)",
+                             file_types=[".jsonl", ".csv"], type="filepath", elem_id="flowlens-upload")
+            with gr.Row():
+                n_prompts = gr.Number(value=48, precision=0, minimum=3, maximum=MAX_PROMPTS,
+                                      label="Prompts (chat world)", elem_id="flowlens-n")
+                components = gr.Number(value=3, precision=0, minimum=1, maximum=64, label="Principal components",
+                                       elem_id="flowlens-k")
+            stability = gr.Checkbox(False, label="PC1 stability without trailing punctuation")
+            run = gr.Button("Analyse", variant="primary", elem_id="flowlens-run")
+        with gr.Column(scale=2):
+            summary = gr.Markdown(elem_id="flowlens-summary")
+            concentration = gr.Plot(label="Concentration per layer", elem_id="flowlens-concentration")
+    with gr.Row():
+        projections = gr.Plot(label="Projections along depth", elem_id="flowlens-projections")
+        alignment = gr.Plot(label="Alignment with the reference", elem_id="flowlens-alignment")
+    run.click(bench.flowlens_run, [chosen, reference, source, upload, n_prompts, components, stability],
+              [summary, concentration, projections, alignment], api_name="flowlens", concurrency_limit=2)
+    gr.Markdown("### Lexical diversity of a data set")
+    with gr.Row():
+        data = gr.File(label="Instruction data (JSONL: prompt/query/instruction and completion/response/output; "
+                             "2 MB at most)", file_types=[".jsonl"], type="filepath", elem_id="diversity-upload")
+        with gr.Column():
+            selection = gr.Radio(["queries", "completions", "both"], value="completions", label="Texts",
+                                 elem_id="diversity-selection")
+            measure = gr.Button("Measure", elem_id="diversity-run")
+            diversity_info = gr.Markdown(elem_id="diversity-info")
+        diversity_table = gr.Dataframe(headers=["measure", "value"], interactive=False, elem_id="diversity-table")
+    measure.click(bench.diversity, [data, selection], [diversity_table, diversity_info], api_name="diversity")
+
+
+def build_vcl_tab(bench: Workbench) -> None:
+    from flowlens.vcl import POOLINGS, SIGNS
+
+    models = bench.chat_models()
+    gr.Markdown("Fine-tune a copy of a chat model with SFT plus lambda x the Variance Concentration Loss on the "
+                "residuals of a window of layers; watch both terms, then compare refusals and task accuracy "
+                "before and after." + ("" if models else "\n\n**No embedded chat model is present.**"))
+    with gr.Row():
+        with gr.Column():
+            model = gr.Dropdown(models, value=models[0] if models else None, label="Model", elem_id="vcl-model")
+            source = gr.Radio(["chat world mixture", UPLOADED], value="chat world mixture", label="Training data",
+                              elem_id="vcl-source")
+            upload = gr.File(label="SFT data (JSONL: prompt, completion; 2 MB at most)", file_types=[".jsonl"],
+                             type="filepath", elem_id="vcl-upload")
+            n_examples = gr.Number(value=256, precision=0, minimum=1, label="Examples (chat world)",
+                                   elem_id="vcl-examples")
+        with gr.Column():
+            gr.Markdown("**Loss**")
+            with gr.Row():
+                weight = gr.Number(value=1.0, label="lambda", elem_id="vcl-lambda")
+                k = gr.Number(value=2, precision=0, minimum=1, label="k", elem_id="vcl-k")
+            with gr.Row():
+                window_start = gr.Slider(0, 1, value=0.3, step=0.05, label="window a", elem_id="vcl-window-a")
+                window_end = gr.Slider(0, 1, value=0.7, step=0.05, label="window b", elem_id="vcl-window-b")
+            with gr.Row():
+                sign = gr.Radio(list(SIGNS), value="penalize", label="sign", elem_id="vcl-sign")
+                pooling = gr.Radio(list(POOLINGS), value="mean", label="pooling", elem_id="vcl-pooling")
+        with gr.Column():
+            gr.Markdown("**Run**")
+            with gr.Row():
+                steps = gr.Number(value=30, precision=0, minimum=1, maximum=2000, label="steps", elem_id="vcl-steps")
+                lr = gr.Number(value=1e-4, label="lr", elem_id="vcl-lr")
+            with gr.Row():
+                batch_size = gr.Number(value=8, precision=0, minimum=1, maximum=64, label="batch",
+                                       elem_id="vcl-batch")
+                eval_per_kind = gr.Number(value=8, precision=0, minimum=0, maximum=100,
+                                          label="eval prompts per kind (0: none)", elem_id="vcl-eval")
+            with gr.Row():
+                run = gr.Button("Fine-tune", variant="primary", elem_id="vcl-run")
+                cancel = gr.Button("Cancel", variant="stop", elem_id="vcl-cancel")
+    status = gr.Markdown(elem_id="vcl-status")
+    with gr.Row():
+        curves = gr.Plot(label="Loss curves", elem_id="vcl-curves")
+        table = gr.Dataframe(headers=["metric", "before", "after"], interactive=False, label="Before / after",
+                             elem_id="vcl-table")
+    run.click(bench.vcl_run, [model, source, upload, n_examples, weight, k, window_start, window_end, sign, pooling,
+                              steps, lr, batch_size, eval_per_kind], [status, curves, table], api_name="vcl",
+              concurrency_limit=1)
+    # The run's own generator reports the clean stop (status, curves up to the last step), so the
+    # button sets the session's Event and leaves the stream open until finetune returns.
+    cancel.click(bench.cancel("fine-tuning"), None, [status], queue=False, api_name=False)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -357,8 +922,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="address to bind (default: this machine only; a Space sets GRADIO_SERVER_NAME)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
     parser.add_argument("--share", action="store_true", help="open a public Gradio link (off by default)")
+    parser.add_argument("--data-dir", default=os.environ.get("WORKBENCH_DATA_DIR"),
+                        help="where sessions write their runs (default: <temp>/interp-workbench)")
     args = parser.parse_args(argv)
-    bench = Workbench(args.model)
+    bench = Workbench(args.model, args.data_dir)
     try:
         bench.t2i  # load before serving: a missing model is reported here, not on the first click
     except ModelError as err:

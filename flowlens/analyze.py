@@ -71,6 +71,49 @@ def analyse(residuals: np.ndarray, reference: np.ndarray | None, stripped: np.nd
     return result
 
 
+def geometry_figures(results: dict[str, dict]) -> dict[str, object]:
+    """Interactive (plotly) figures of one or more models' ``analyse`` results, keyed by model name.
+
+    ``"concentration"``: top-k energy and effective rank per layer against normalised depth;
+    ``"projections"``: the mean coordinate on each stacked PC along depth; ``"alignment"``
+    (when a result has one): |cos| of each PC with the reference model's, per layer.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    concentration = make_subplots(rows=1, cols=2, subplot_titles=("top-k energy (variance concentration)",
+                                                                  "effective rank"))
+    projections = go.Figure()
+    alignment = go.Figure()
+    for name, result in results.items():
+        c = result["concentration"]
+        concentration.add_trace(go.Scatter(x=c["depth"], y=c["top_k_energy"], mode="lines+markers",
+                                           name=f"{name}: top-{c['k']} energy"), row=1, col=1)
+        concentration.add_trace(go.Scatter(x=c["depth"], y=c["effective_rank"], mode="lines+markers",
+                                           name=f"{name}: effective rank"), row=1, col=2)
+        depth = result["stacked"]["depth"]
+        trajectory = np.array(result["stacked"]["mean_projection_by_layer"])
+        for j in range(trajectory.shape[1]):
+            projections.add_trace(go.Scatter(x=depth, y=trajectory[:, j].tolist(), mode="lines+markers",
+                                             name=f"{name}: PC{j + 1}"))
+        if "alignment" in result:
+            score = np.array(result["alignment"]["score"])
+            for j in range(score.shape[1]):
+                alignment.add_trace(go.Scatter(x=result["alignment"]["depth"], y=score[:, j].tolist(),
+                                               mode="lines+markers", name=f"{name}: PC{j + 1}"))
+    concentration.update_xaxes(title_text="normalised depth l/(L-1)")
+    concentration.update_layout(title="Variance concentration per layer", height=380)
+    projections.update_layout(title="Mean projection on the stacked principal components along depth",
+                              xaxis_title="normalised depth l/(L-1)", yaxis_title="mean coordinate", height=380)
+    figures = {"concentration": concentration, "projections": projections}
+    if alignment.data:
+        alignment.update_layout(title="Structural alignment with the reference (|cos| of matched PCs)",
+                                xaxis_title="normalised depth l/(L-1)", yaxis_title="|cos|",
+                                yaxis_range=[0, 1.02], height=380)
+        figures["alignment"] = alignment
+    return figures
+
+
 def plot(result: dict, out: Path, title: str) -> None:
     import matplotlib
 

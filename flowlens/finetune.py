@@ -265,6 +265,33 @@ def _trim_log(path: Path, step: int) -> None:
         path.write_text("".join(line + "\n" for line in lines))
 
 
+def read_log(out: str | Path) -> list[dict]:
+    """The entries of ``out/log.jsonl`` written so far (safe to call while the run writes it)."""
+    path = Path(out) / "log.jsonl"
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line being written right now: read it next time
+    return entries
+
+
+def loss_curves_figure(entries: list[dict], title: str = "Fine-tuning loss"):
+    """Interactive (plotly) curves of the SFT and VCL terms (and their weighted sum) per step."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    steps = [e["step"] for e in entries]
+    for key, name in (("sft_loss", "SFT"), ("vcl_loss", "VCL"), ("loss", "total (SFT + lambda VCL)")):
+        if any(key in e for e in entries):
+            fig.add_trace(go.Scatter(x=steps, y=[e.get(key) for e in entries], mode="lines+markers", name=name))
+    fig.update_layout(title=title, xaxis_title="step", yaxis_title="loss", height=360)
+    return fig
+
+
 def finetune(config: FinetuneConfig, model=None, tokenizer=None,
              cancel: threading.Event | Callable[[], bool] | None = None) -> dict:
     """Run (or resume) fine-tuning; returns the result written to ``out/result.json``.

@@ -119,6 +119,24 @@ def tradeoff_curves(rows: list[dict]) -> dict[str, list[dict]]:
     return dict(curves)
 
 
+def tradeoff_figure(curves: dict[str, list[dict]]):
+    """The interactive (plotly) success-against-preservation plot: one curve per method, hover k_trans and m."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for method, points in sorted(curves.items()):
+        text = [f"k_trans={p['k_trans']} m={p['m']:g}" for p in points]
+        fig.add_trace(go.Scatter(x=[p["preservation"] for p in points], y=[p["success"] for p in points],
+                                 mode="markers" if method == "prompt-swap" else "lines+markers",
+                                 marker={"size": 14 if method == "prompt-swap" else 8},
+                                 name=method, text=text,
+                                 hovertemplate="%{text}<br>preservation %{x:.3f}<br>success %{y:.3f}"))
+    fig.update_layout(xaxis_title="preservation", yaxis_title="edit success",
+                      xaxis_range=[-0.02, 1.02], yaxis_range=[-0.02, 1.02],
+                      title="RIEBench: success vs preservation over k_trans and m")
+    return fig
+
+
 def plot_tradeoff(curves: dict[str, list[dict]], png: Path, html: Path) -> list[str]:
     """Write the PNG (matplotlib) and HTML (plotly); returns what could not be written and why."""
     problems = []
@@ -148,18 +166,7 @@ def plot_tradeoff(curves: dict[str, list[dict]], png: Path, html: Path) -> list[
     except ImportError as err:
         problems.append(f"tradeoff.png: {err}")
     try:
-        import plotly.graph_objects as go
-
-        fig = go.Figure()
-        for method, points in sorted(curves.items()):
-            text = [f"k_trans={p['k_trans']} m={p['m']:g}" for p in points]
-            fig.add_trace(go.Scatter(x=[p["preservation"] for p in points], y=[p["success"] for p in points],
-                                     mode="markers" if method == "prompt-swap" else "lines+markers",
-                                     name=method, text=text,
-                                     hovertemplate="%{text}<br>preservation %{x:.3f}<br>success %{y:.3f}"))
-        fig.update_layout(xaxis_title="preservation", yaxis_title="edit success",
-                          title="RIEBench: success vs preservation over k_trans and m")
-        fig.write_html(str(html), include_plotlyjs=True)
+        tradeoff_figure(curves).write_html(str(html), include_plotlyjs=True)
     except ImportError as err:
         problems.append(f"tradeoff.html: {err}")
     return problems

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -136,8 +138,16 @@ class Runner:
         metrics = self.real_metrics()
         return metrics(edited_image, ctx.original_image, task.edited), dict(metrics.skipped)
 
-    def run(self) -> dict:
-        """Run every pending (task, configuration); returns counts of done, skipped and failed."""
+    def run(self, on_result: Callable[[dict], None] | None = None,
+            cancel: threading.Event | Callable[[], bool] | None = None) -> dict:
+        """Run every pending (task, configuration); returns counts of done, skipped and failed.
+
+        on_result (for an interactive caller such as the UI) is called after each (task,
+        configuration) with {"task", "config", "result", "original_image", "edited_image",
+        "done", "total"} (images None when the task failed). cancel (an Event or a callable)
+        is checked before each edit: when set, the run stops there, `counts` gets
+        "cancelled": True, and every finished result stays on disk for a resumed run.
+        """
         from tqdm import tqdm
 
         self.out.mkdir(parents=True, exist_ok=True)
@@ -147,8 +157,19 @@ class Runner:
         work = self.pending()
         counts = {"done": 0, "already_done": len(self.suite.tasks) * len(self.cfg.configs)
                   - sum(len(t) for _, t in work), "failed": 0}
-        bar = tqdm(total=sum(len(t) for _, t in work), desc="riebench", unit="edit", disable=not self.progress)
+        total = sum(len(t) for _, t in work)
+        bar = tqdm(total=total, desc="riebench", unit="edit", disable=not self.progress)
+
+        def report(task, config, result, ctx=None, edited=None):
+            if on_result is not None:
+                on_result({"task": task, "config": config, "result": result,
+                           "original_image": ctx.original_image if ctx is not None else None,
+                           "edited_image": edited, "done": bar.n, "total": total})
+
         for task, todo in work:
+            if _is_cancelled(cancel):
+                counts["cancelled"] = True
+                break
             try:
                 started = time.perf_counter()
                 ctx = prepare_task(self.model, task, self.blocks, seed=self.cfg.seed, steps=self.cfg.steps,
@@ -156,11 +177,16 @@ class Runner:
                 prepare_seconds = time.perf_counter() - started
             except (TaskError, MethodError) as err:
                 for config in todo:
-                    self._fail(task, config, err)
+                    failure = self._fail(task, config, err)
+                    bar.update(1)
+                    report(task, config, failure)
                 counts["failed"] += len(todo)
-                bar.update(len(todo))
                 continue
             for config in todo:
+                if _is_cancelled(cancel):
+                    counts["cancelled"] = True
+                    break
+                edited, ctx_of_result = None, ctx
                 try:
                     started = time.perf_counter()
                     plan = self.methods[config.method].plan(ctx, config)
@@ -179,17 +205,30 @@ class Runner:
                 except KeyboardInterrupt:
                     raise
                 except Exception as err:  # noqa: BLE001 - recorded per task; finished results stay
-                    self._fail(task, config, err)
+                    result = self._fail(task, config, err)
                     counts["failed"] += 1
+                    edited, ctx_of_result = None, None
                 bar.update(1)
+                report(task, config, result, ctx_of_result, edited)
+            if counts.get("cancelled"):
+                break
         bar.close()
         return counts
 
-    def _fail(self, task, config, err) -> None:
-        write_json(result_path(self.out, config, task.id), {
-            "task": task.id, "category": task.category, "label": config.label, "config": config.to_dict(),
-            "error": f"{type(err).__name__}: {err}",
-            "traceback": "".join(traceback.format_exception(err))[-4000:]})
+    def _fail(self, task, config, err) -> dict:
+        failure = {"task": task.id, "category": task.category, "label": config.label, "config": config.to_dict(),
+                   "error": f"{type(err).__name__}: {err}",
+                   "traceback": "".join(traceback.format_exception(err))[-4000:]}
+        write_json(result_path(self.out, config, task.id), failure)
+        return failure
+
+
+def _is_cancelled(cancel) -> bool:
+    if cancel is None:
+        return False
+    if isinstance(cancel, threading.Event):
+        return cancel.is_set()
+    return bool(cancel())
 
 
 def load_results(out: str | os.PathLike) -> tuple[list[dict], list[dict]]:
