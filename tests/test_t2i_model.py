@@ -117,16 +117,24 @@ def test_embedded_weights_are_small_fp16_safetensors():
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"} | dict(__import__("os").environ))
+    """The CLI in this process (imports are paid once); returns (exit code, stderr)."""
+    import contextlib
+    import io
+
+    from interp.__main__ import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, err.getvalue()
 
 
 def test_cli_generates_the_same_image_for_the_same_seed(tmp_path):
     outs = [tmp_path / f"{i}.png" for i in range(2)]
     for out in outs:
-        result = run_cli("interp", "generate", "--model", "toy", "--prompt", "a blue star on a white background",
-                         "--steps", "1", "--seed", "0", "--out", str(out))
-        assert result.returncode == 0, result.stderr
+        code, err = run_cli("generate", "--model", "toy", "--prompt", "a blue star on a white background",
+                            "--steps", "1", "--seed", "0", "--out", str(out))
+        assert code == 0, err
     assert outs[0].read_bytes() == outs[1].read_bytes()
 
 
@@ -136,5 +144,11 @@ def test_cli_generates_the_same_image_for_the_same_seed(tmp_path):
     (["--prompt", "a red circle", "--model", "nope"], "unknown model"),
 ])
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, args, message):
-    result = run_cli("interp", "generate", "--out", str(tmp_path / "x.png"), *args)
-    assert result.returncode != 0 and message in result.stderr and "Traceback" not in result.stderr
+    code, err = run_cli("generate", "--out", str(tmp_path / "x.png"), *args)
+    assert code != 0 and message in err and "Traceback" not in err
+
+
+def test_cli_exit_status_in_a_real_process(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "interp", "generate", "--prompt", "", "--out", str(tmp_path / "x.png")],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and "empty" in result.stderr and "Traceback" not in result.stderr
