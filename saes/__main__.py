@@ -208,7 +208,7 @@ def _features(args) -> int:
         pool = generate_pool(model, list(saes), prompts, [args.seed + i for i in range(args.world)],
                              steps=args.steps)
     config = AnalysisConfig(n_top_images=args.top, label_min_auroc=args.label_min_auroc)
-    summary = analyse(saes, pool, args.model, args.out, config, pool_dir=args.pool_dir)
+    summary = analyse(saes, pool, args.model_name or args.model, args.out, config, pool_dir=args.pool_dir)
     for block, entry in summary["blocks"].items():
         print(f"{block}: {entry['live_features']} of {entry['features']} features fire on the pool, "
               f"{entry['labelled_features']} labelled (AUROC >= {args.label_min_auroc})")
@@ -221,9 +221,18 @@ def _report(args) -> int:
     from .report import build_report, write_report
 
     model = _load_model(args)
+    if args.model_name:
+        model.name = args.model_name
     summary = json.loads(Path(args.features_summary).read_text()) if args.features_summary else None
+    store = None
+    if args.store:
+        from interp.store import ActivationStore
+
+        store = ActivationStore(args.store)
     report = build_report(model, args.root, n_eval_images=args.eval_images, n_fidelity_images=args.fidelity_images,
-                          features_summary=summary, world_seed=args.world_seed, seed=args.seed)
+                          features_summary=summary, world_seed=args.world_seed, seed=args.seed, store=store)
+    if args.notes_file:
+        report["notes"] = Path(args.notes_file).read_text().strip()
     md = write_report(report, args.out or args.root)
     print(md, end="")
     return 0
@@ -296,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--top", type=int, default=6, help="top-activating images per feature")
     fe.add_argument("--label-min-auroc", type=float, default=0.7, help="AUROC a label needs")
     fe.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
+    fe.add_argument("--model-name", default=None, help="the model's name in features.json (default: --model)")
     fe.add_argument("--threads", type=int, default=1)
     fe.add_argument("--out", required=True, help="directory for features.html and features_summary.json")
     fe.set_defaults(run=_features)
@@ -305,10 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     re_.add_argument("--model", default="toy")
     re_.add_argument("--root", required=True, help="directory with one SAE per block (e.g. saes/pretrained/toy)")
     re_.add_argument("--features-summary", default=None, help="features_summary.json of `python -m saes features`")
+    re_.add_argument("--store", default=None, help="the training activation store: dead features over all of it")
     re_.add_argument("--eval-images", type=int, default=500, help="fresh images for EV, L0, dead features")
     re_.add_argument("--fidelity-images", type=int, default=64, help="images for splice fidelity")
     re_.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
     re_.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
+    re_.add_argument("--notes-file", default=None, help="markdown appended to REPORT.md as its Notes section")
+    re_.add_argument("--model-name", default=None, help="the model's name in the report (default: --model)")
     re_.add_argument("--threads", type=int, default=1)
     re_.add_argument("--out", default=None, help="default: --root")
     re_.set_defaults(run=_report)

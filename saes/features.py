@@ -8,7 +8,8 @@ For each feature of a block's SAE, over a pool of analysed images:
     top_images       the images with the largest activation (max over positions), each with
                      its heatmap (height, width) at the block's resolution
     label            on the shapes world, the attribute value the feature's activation
-                     predicts best, by AUROC over block positions (see `attribute_targets`)
+                     predicts best, by AUROC: per grid cell for object attributes, per block
+                     position for the background (see `attribute_aurocs`)
 
 Written as `features.json` beside the SAE (the web UI and `saes.library` read it), the
 image pool as `analysis_images.npz` + `analysis_prompts.json` in the parent directory (one
@@ -72,34 +73,79 @@ def _object_coverage(scene, height: int, width: int) -> np.ndarray:
     return pooled[0, 0].numpy()
 
 
-def attribute_targets(scenes: list, height: int, width: int,
-                      background_max_coverage: float = 0.05) -> tuple[list[tuple[str, str]], np.ndarray]:
-    """Per-position truth of every attribute value of the shapes world.
+OBJECT_ATTRIBUTES = ("shape", "colour", "size", "texture", "position")
 
-    scenes: one `Scene` per image (None: the image takes part as a negative only).
-    Returns (names, targets): names[t] = (attribute, value); targets (T, n_images * height * width)
-    bool, positions ordered (image, row, column). For an object attribute (shape, colour,
-    size, texture, position) a position is positive when it lies in the grid cell of an
-    object with that value; for the background, when it lies outside every object
-    (coverage below `background_max_coverage`) of an image with that background.
-    """
+
+def attribute_names() -> list[tuple[str, str]]:
+    """Every (attribute, value) of the shapes world: object attributes, then the background."""
     from interp.zoo.shapes import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, SIZES, TEXTURES
 
     values = {"shape": SHAPES, "colour": tuple(COLOURS), "size": SIZES, "texture": TEXTURES,
               "position": POSITIONS, "background": tuple(BACKGROUNDS)}
-    names = [(attribute, value) for attribute, options in values.items() for value in options]
+    return [(attribute, value) for attribute, options in values.items() for value in options]
+
+
+def cell_targets(scenes: list) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """Object attributes per grid cell: names[t] = (attribute, value); targets (T, n_images * 9)
+    bool, cells ordered (image, `shapes.POSITIONS`): a cell is positive when it holds an object
+    with that value. scenes: one `Scene` per image (None: the image's cells are negatives)."""
+    from interp.zoo.shapes import POSITIONS
+
+    names = [n for n in attribute_names() if n[0] in OBJECT_ATTRIBUTES]
+    index = {name: t for t, name in enumerate(names)}
+    targets = np.zeros((len(names), len(scenes), len(POSITIONS)), dtype=bool)
+    for i, scene in enumerate(scenes):
+        for obj in (scene.objects if scene is not None else ()):
+            for attribute in OBJECT_ATTRIBUTES:
+                targets[index[(attribute, getattr(obj, attribute))], i, POSITIONS.index(obj.position)] = True
+    return names, targets.reshape(len(names), -1)
+
+
+def background_targets(scenes: list, height: int, width: int,
+                       max_coverage: float = 0.05) -> tuple[list[tuple[str, str]], np.ndarray]:
+    """The background per block position: targets (T, n_images * height * width) bool, positions
+    ordered (image, row, column); positive when the position lies outside every object
+    (object coverage below `max_coverage`) of an image with that background."""
+    names = [n for n in attribute_names() if n[0] == "background"]
     index = {name: t for t, name in enumerate(names)}
     targets = np.zeros((len(names), len(scenes), height, width), dtype=bool)
     for i, scene in enumerate(scenes):
-        if scene is None:
-            continue
-        for obj in scene.objects:
-            rows, cols = _cell_rows_cols(obj.position, height, width)
-            for attribute in ("shape", "colour", "size", "texture", "position"):
-                targets[index[(attribute, getattr(obj, attribute))], i, rows, cols] = True
-        targets[index[("background", scene.background)], i] = _object_coverage(scene, height, width) \
-            < background_max_coverage
+        if scene is not None:
+            targets[index[("background", scene.background)], i] = _object_coverage(scene, height, width) < max_coverage
     return names, targets.reshape(len(names), -1)
+
+
+def cell_maxima(latents: torch.Tensor) -> torch.Tensor:
+    """latents (images, height, width, features) -> (images * 9, features): each grid cell's
+    largest activation over its block positions (`cell_box` at the block's size)."""
+    from interp.zoo.shapes import POSITIONS
+
+    n, h, w, f = latents.shape
+    cells = []
+    for position in POSITIONS:
+        rows, cols = _cell_rows_cols(position, h, w)
+        cells.append(latents[:, rows, cols].amax(dim=(1, 2)))  # (images, features)
+    return torch.stack(cells, dim=1).reshape(n * len(POSITIONS), f)
+
+
+def attribute_aurocs(latents: torch.Tensor, scenes: list,
+                     background_max_coverage: float = 0.05) -> tuple[list[tuple[str, str]], np.ndarray, list]:
+    """AUROC of every feature for every attribute value of the shapes world.
+
+    Object attributes are judged per grid cell (the feature's largest activation in the cell
+    against "the cell holds an object with that value"), so a feature that fires on the
+    object, wherever in its cell, scores as high as one that covers the whole cell; the
+    background per block position (outside the objects). latents: (images, h, w, features).
+    Returns (names, auroc (T, features), scorer) where scorer[t] = (scores (units, F), target (units,)).
+    """
+    n, h, w, f = latents.shape
+    object_names, object_targets = cell_targets(scenes)
+    back_names, back_targets = background_targets(scenes, h, w, background_max_coverage)
+    cell_scores = cell_maxima(latents).numpy()
+    position_scores = latents.reshape(-1, f).numpy()
+    auroc = np.concatenate([auroc_matrix(cell_scores, object_targets), auroc_matrix(position_scores, back_targets)])
+    scorer = [(cell_scores, t) for t in object_targets] + [(position_scores, t) for t in back_targets]
+    return object_names + back_names, auroc, scorer
 
 
 def auroc_matrix(activations: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -161,8 +207,7 @@ def analyse_block(sae: SAE, updates: torch.Tensor, scenes: list | None = None,
     auroc = names = None
     labelled = scenes is not None and any(s is not None for s in scenes)
     if labelled:
-        names, targets = attribute_targets(scenes, h, w, config.background_max_coverage)
-        auroc = auroc_matrix(flat.numpy(), targets)       # (T, F)
+        names, auroc, scorer = attribute_aurocs(latents, scenes, config.background_max_coverage)
         usable = ~np.isnan(auroc).all(axis=1)
     cards = []
     for f in range(n_features):
@@ -177,7 +222,8 @@ def analyse_block(sae: SAE, updates: torch.Tensor, scenes: list | None = None,
             column = np.where(usable, auroc[:, f], -np.inf)
             best = int(np.argmax(column))
             attribute, value = names[best]
-            card.update(attribute=attribute, value=value, auroc=_sklearn_auroc(targets[best], flat[:, f].numpy()))
+            scores, target = scorer[best]
+            card.update(attribute=attribute, value=value, auroc=_sklearn_auroc(target, scores[:, f]))
             if card["auroc"] >= config.label_min_auroc:
                 card["label"] = f"{attribute}={value}"
         cards.append(card)
@@ -315,7 +361,7 @@ def _round_heatmaps(cards: list[dict], digits: int = 3) -> list[dict]:
     """Heatmaps rounded (features.json stays small; three digits are plenty to draw them)."""
     for card in cards:
         for top in card["top_images"]:
-            top["heatmap"] = [[round(v, digits) for v in row] for row in top["heatmap"]]
+            top["heatmap"] = [[round(v, digits) if v else 0 for v in row] for row in top["heatmap"]]
     return cards
 
 
