@@ -8,8 +8,8 @@ For each feature of a block's SAE, over a pool of analysed images:
     top_images       the images with the largest activation (max over positions), each with
                      its heatmap (height, width) at the block's resolution
     label            on the shapes world, the attribute value the feature's activation
-                     predicts best, by AUROC: per grid cell for object attributes, per block
-                     position for the background (see `attribute_aurocs`)
+                     predicts best, by AUROC: per occupied grid cell for object attributes,
+                     per block position for the background (see `attribute_aurocs`)
 
 Written as `features.json` beside the SAE (the web UI and `saes.library` read it), the
 image pool as `analysis_images.npz` + `analysis_prompts.json` in the parent directory (one
@@ -85,20 +85,29 @@ def attribute_names() -> list[tuple[str, str]]:
     return [(attribute, value) for attribute, options in values.items() for value in options]
 
 
-def cell_targets(scenes: list) -> tuple[list[tuple[str, str]], np.ndarray]:
-    """Object attributes per grid cell: names[t] = (attribute, value); targets (T, n_images * 9)
-    bool, cells ordered (image, `shapes.POSITIONS`): a cell is positive when it holds an object
-    with that value. scenes: one `Scene` per image (None: the image's cells are negatives)."""
+def cell_targets(scenes: list) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
+    """Object attributes per occupied grid cell.
+
+    scenes: one `Scene` per image (None: the image takes no part). Returns (names, targets,
+    occupied): occupied (n_images * 9,) bool marks the cells holding an object, cells ordered
+    (image, `shapes.POSITIONS`); targets (T, occupied.sum()) bool: the object in that cell has
+    names[t] = (attribute, value). Only occupied cells take part, so that a feature firing on
+    every object ("something is here") does not pass for a colour or shape detector.
+    """
     from interp.zoo.shapes import POSITIONS
 
     names = [n for n in attribute_names() if n[0] in OBJECT_ATTRIBUTES]
     index = {name: t for t, name in enumerate(names)}
     targets = np.zeros((len(names), len(scenes), len(POSITIONS)), dtype=bool)
+    occupied = np.zeros((len(scenes), len(POSITIONS)), dtype=bool)
     for i, scene in enumerate(scenes):
         for obj in (scene.objects if scene is not None else ()):
+            cell = POSITIONS.index(obj.position)
+            occupied[i, cell] = True
             for attribute in OBJECT_ATTRIBUTES:
-                targets[index[(attribute, getattr(obj, attribute))], i, POSITIONS.index(obj.position)] = True
-    return names, targets.reshape(len(names), -1)
+                targets[index[(attribute, getattr(obj, attribute))], i, cell] = True
+    occupied = occupied.reshape(-1)
+    return names, targets.reshape(len(names), -1)[:, occupied], occupied
 
 
 def background_targets(scenes: list, height: int, width: int,
@@ -132,16 +141,16 @@ def attribute_aurocs(latents: torch.Tensor, scenes: list,
                      background_max_coverage: float = 0.05) -> tuple[list[tuple[str, str]], np.ndarray, list]:
     """AUROC of every feature for every attribute value of the shapes world.
 
-    Object attributes are judged per grid cell (the feature's largest activation in the cell
-    against "the cell holds an object with that value"), so a feature that fires on the
-    object, wherever in its cell, scores as high as one that covers the whole cell; the
+    Object attributes are judged per occupied grid cell (the feature's largest activation in
+    the cell against "the object in this cell has that value"), so a feature that fires on
+    the object, wherever in its cell, scores as high as one that covers the whole cell; the
     background per block position (outside the objects). latents: (images, h, w, features).
     Returns (names, auroc (T, features), scorer) where scorer[t] = (scores (units, F), target (units,)).
     """
     n, h, w, f = latents.shape
-    object_names, object_targets = cell_targets(scenes)
+    object_names, object_targets, occupied = cell_targets(scenes)
     back_names, back_targets = background_targets(scenes, h, w, background_max_coverage)
-    cell_scores = cell_maxima(latents).numpy()
+    cell_scores = cell_maxima(latents).numpy()[occupied]
     position_scores = latents.reshape(-1, f).numpy()
     auroc = np.concatenate([auroc_matrix(cell_scores, object_targets), auroc_matrix(position_scores, back_targets)])
     scorer = [(cell_scores, t) for t in object_targets] + [(position_scores, t) for t in back_targets]
