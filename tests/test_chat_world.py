@@ -66,12 +66,12 @@ def test_general_answers_are_correct(chat_world):
 def test_column_arithmetic_steps_are_right_for_every_pair():
     for a in range(50):
         for b in range(50):
-            units, tens, result = W.addition_steps(a, b).split(" , ")
+            units, tens, result = W.addition_steps(a, b).split(", ")
             assert eval(units.replace("=", "==")) and eval(tens.replace("=", "==")) and result == f"the sum is {a + b}"
             assert int(tens.split("= ")[1]) * 10 + int(units.split("= ")[1]) % 10 == a + b
     for a in range(61):
         for b in range(a + 1):
-            units, tens, result = W.subtraction_steps(a, b).split(" , ")
+            units, tens, result = W.subtraction_steps(a, b).split(", ")
             assert eval(units.replace("=", "==")) and eval(tens.replace("=", "==")) and result.endswith(str(a - b))
             assert int(tens.split("= ")[1]) * 10 + int(units.split("= ")[1]) == a - b
 
@@ -156,3 +156,11 @@ def test_tokenizer_chat_template_and_round_trip(tokenizer):
     text = "I'm sorry, I can't help with hacking."
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
     assert tokenizer.eos_token == "</s>" and tokenizer.pad_token == "<pad>"
+
+
+def test_package_entry_point_dispatches_and_rejects_unknown_commands(tmp_path, capsys):
+    from interp.zoo.chat.__main__ import main
+
+    assert main(["world", "--out", str(tmp_path), "--n", "2"]) == 0
+    assert (tmp_path / "benign-held_out.jsonl").exists()
+    assert main(["bogus"]) == 2 and "unknown command" in capsys.readouterr().err
