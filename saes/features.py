@@ -336,6 +336,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.close(fd)
     try:
         Path(tmp).write_text(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; these are for reading and sharing
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -350,6 +351,7 @@ def write_pool(pool: AnalysisPool, directory: str | os.PathLike) -> None:
     os.close(fd)
     try:
         np.savez_compressed(tmp, images=pool.images)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, directory / IMAGES_FILENAME)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
