@@ -42,7 +42,8 @@ UPLOADED = "uploaded file"
 
 
 def _message(err: BaseException) -> gr.Error:
-    return gr.Error(str(err).strip("'\""))
+    # a KeyError's str() is its repr, in quotes: show the message itself
+    return gr.Error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
 
 
 def user_errors(fn):
@@ -289,13 +290,24 @@ class Workbench:
         result = self.require_library().paint(self.t2i, prompt, seed, block, feature, float(strength), mask=mask,
                                               steps=steps, act_steps=parse_steps(act_steps, steps))
         where = "inside the painted region" if mask is not None else "everywhere"
-        return (result.original, result.edited, result.difference,
+        return (result.original, result.edited, result.difference, self._region_image(mask, result.original),
                 f"{block} feature {feature} at {strength:+g} x its mean activation, {where}, "
                 f"steps {act_steps or 'all'}")
 
     def paint_benchmark_request(self) -> list:
         """A paint request for benchmarks/app.py (the first block, feature 0, everywhere)."""
         return [DEFAULT_PROMPT, 1, 0, self.require_library().blocks[0], 0, "", 2.0, "all", None]
+
+    @staticmethod
+    def _region_image(mask: np.ndarray | None, image: np.ndarray) -> np.ndarray:
+        """The painted region at the image's size, as grey levels (255 = fully painted)."""
+        from PIL import Image
+
+        height, width = np.asarray(image).shape[:2]
+        if mask is None:
+            return np.full((height, width), 255, np.uint8)
+        painted = Image.fromarray(np.asarray(mask, np.uint8) * 255)
+        return np.asarray(painted.resize((width, height), Image.BOX))
 
     @staticmethod
     def _painted_mask(region) -> np.ndarray | None:
@@ -434,6 +446,9 @@ class Workbench:
         config = MethodConfig(method, whole_number(k_trans, "k_trans", 1), finite_number(multiplier, "m"),
                               list(blocks), variant or "static")
         suite = self.riebench_suite.select(ids=list(task_ids))
+        elsewhere = [t.id for t in suite.tasks if t.category != category]
+        if elsewhere:
+            raise ValueError(f"task {elsewhere[0]} is not in the category {category!r}")
         out = Path(tempfile.mkdtemp(prefix="run-", dir=self.session_dir(request, "riebench")))
         runner = Runner(RunConfig(model=self.model_name, configs=[config]), out, model=self.t2i, saes=saes,
                         suite=suite, progress=False)
@@ -536,7 +551,9 @@ class Workbench:
                 stripped[name] = last_token_residuals(lm, prompts, chat_template=template,
                                                       strip_trailing_punctuation=True).numpy()
         progress((len(names), len(names)), desc="PCA")
-        results = {name: analyse(residuals[name], residuals[reference] if reference and name != reference else None,
+        # every chosen model is aligned with the reference (itself included: a check that reads 1);
+        # the reference, when not chosen, is shown beside them unaligned
+        results = {name: analyse(residuals[name], residuals[reference] if reference and name in models else None,
                                  stripped.get(name), k) for name in names}
         figures = geometry_figures(results)
         lines = [f"**{len(prompts)} prompts** ({source}); {k} principal component(s)."]
@@ -728,15 +745,18 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                                             brush=gr.Brush(default_size=24, colors=["#ff00ff"],
                                                            color_mode="fixed"),
                                             height=300, sources=(), transforms=())
-            with gr.Row():
-                original = gr.Image(label="Original", interactive=False, elem_id="paint-original")
-                edited = gr.Image(label="Edited", interactive=False, elem_id="paint-edited")
-                difference = gr.Image(label="Difference (x3)", interactive=False, elem_id="paint-difference")
+            with gr.Row():  # PNG: exact pixels, so original and edited compare exactly
+                original = gr.Image(label="Original", interactive=False, elem_id="paint-original", format="png")
+                edited = gr.Image(label="Edited", interactive=False, elem_id="paint-edited", format="png")
+                difference = gr.Image(label="Difference (x3)", interactive=False, elem_id="paint-difference",
+                                      format="png")
+                painted = gr.Image(label="Painted region", interactive=False, elem_id="paint-region", format="png",
+                                   image_mode="L")
                 icon = gr.Image(label="Feature icon", interactive=False, elem_id="paint-icon-image")
             p_info = gr.Markdown(elem_id="paint-info")
             load.click(bench.paint_canvas, [p_prompt, p_steps, p_seed], [region], api_name="paint_canvas")
             apply.click(bench.paint, [p_prompt, p_steps, p_seed, p_block, p_feature, p_search, p_strength, p_act,
-                                      region], [original, edited, difference, p_info], api_name="paint",
+                                      region], [original, edited, difference, painted, p_info], api_name="paint",
                         concurrency_limit=2)
             icon_btn.click(bench.feature_icon, [p_block, p_feature, p_search, p_strength], [icon, p_info],
                            api_name="feature_icon")
@@ -777,6 +797,7 @@ def build_ui(bench: Workbench) -> gr.Blocks:
 
 
 def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
+    from interp.models.t2i import SDXL_BLOCKS
     from riebench.methods import METHODS, VARIANTS
 
     categories = bench.riebench_categories()
@@ -791,8 +812,9 @@ def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
     with gr.Row():
         with gr.Column():
             category = gr.Dropdown(categories, value=first, label="Category", elem_id="riebench-category")
-            task_ids = gr.CheckboxGroup(tasks, value=[t[1] for t in tasks[:2]], label="Tasks",
-                                        elem_id="riebench-tasks")
+            # a multiselect that takes any task id (the API reaches every category's tasks; the runner checks them)
+            task_ids = gr.Dropdown(tasks, value=[t[1] for t in tasks[:2]], multiselect=True, allow_custom_value=True,
+                                   label=f"Tasks (up to {MAX_RIEBENCH_TASKS})", elem_id="riebench-tasks")
         with gr.Column():
             method = gr.Dropdown(methods, value=default_method, label="Method", elem_id="riebench-method")
             with gr.Row():
@@ -800,7 +822,9 @@ def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
                                     elem_id="riebench-k")
                 multiplier = gr.Number(value=1.0, label="m (multiplier)", elem_id="riebench-m")
             variant = gr.Radio(list(VARIANTS), value="static", label="Variant (sae)", elem_id="riebench-variant")
-            run_blocks = gr.CheckboxGroup(blocks, value=blocks, label="Blocks", elem_id="riebench-blocks")
+            # SDXL's four blocks (the SAEs' blocks) by default; every hookable block can be chosen
+            default_blocks = [b for b in SDXL_BLOCKS if b in blocks] or blocks[:1]
+            run_blocks = gr.CheckboxGroup(blocks, value=default_blocks, label="Blocks", elem_id="riebench-blocks")
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="riebench-run")
                 cancel = gr.Button("Cancel", variant="stop", elem_id="riebench-cancel")
@@ -808,8 +832,8 @@ def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
     with gr.Row():
         table = gr.Dataframe(label="Results (mean per category)", interactive=False, elem_id="riebench-table")
         plot = gr.Plot(label="Success against preservation", elem_id="riebench-plot")
-    gallery = gr.Gallery(label="Original / edited / target, per task", columns=6, height=260,
-                         elem_id="riebench-gallery")
+    gallery = gr.Gallery(label="Original / edited / target, per task", columns=6, rows=1, height="auto",
+                         object_fit="contain", allow_preview=True, elem_id="riebench-gallery")
     category.change(bench.riebench_tasks_for, [category], [task_ids], queue=False, api_name=False)
     event = run.click(bench.riebench_run, [category, task_ids, method, k_trans, multiplier, run_blocks, variant],
                       [status, table, plot, gallery], api_name="riebench", concurrency_limit=1)

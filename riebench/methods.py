@@ -92,7 +92,13 @@ class MethodConfig:
         """A file-safe identity of the configuration (its results directory)."""
         if self.method == "prompt-swap":
             return "prompt-swap"
-        return f"{self.label.replace('@', '__').replace('+', '_')}__k{self.k_trans}__m{self.multiplier:g}"
+        key = f"{self.label.replace('@', '__').replace('+', '_')}__k{self.k_trans}__m{self.multiplier:g}"
+        if len(key) > 160:  # many blocks: keep the name within file-system limits (255 bytes), still unique
+            import hashlib
+
+            digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+            key = f"{key[:120]}__{digest}"
+        return key
 
     def to_dict(self) -> dict:
         return asdict(self)

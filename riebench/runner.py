@@ -159,12 +159,15 @@ class Runner:
                   - sum(len(t) for _, t in work), "failed": 0}
         total = sum(len(t) for _, t in work)
         bar = tqdm(total=total, desc="riebench", unit="edit", disable=not self.progress)
+        reported = 0
 
         def report(task, config, result, ctx=None, edited=None):
+            nonlocal reported
+            reported += 1
             if on_result is not None:
                 on_result({"task": task, "config": config, "result": result,
                            "original_image": ctx.original_image if ctx is not None else None,
-                           "edited_image": edited, "done": bar.n, "total": total})
+                           "edited_image": edited, "done": reported, "total": total})
 
         for task, todo in work:
             if _is_cancelled(cancel):

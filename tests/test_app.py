@@ -1,7 +1,10 @@
-"""The UI served for real: HTTP API through gradio_client, and headless Chromium."""
+"""The UI served for real: one app server for the module, its HTTP API through gradio_client,
+and headless Chromium (Debian's /usr/bin/chromium through Playwright) for what a person does."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import shutil
 import socket
@@ -9,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +21,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+MODEL = os.environ.get("WORKBENCH_MODEL", "toy")
+HAS_SAES = any((ROOT / "saes" / "pretrained" / MODEL).glob("*/cfg.json")) if "/" not in MODEL else False
+NO_SAES = f"no SAEs are shipped under saes/pretrained/{MODEL}/ yet (they are being trained)"
+BROWSER_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt install chromium)")
 
 
 def free_port() -> int:
@@ -26,10 +36,16 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def app_url():
+def data_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("workbench-data")
+
+
+@pytest.fixture(scope="module")
+def app_url(data_dir):
     port = free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
-    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port)], cwd=ROOT, env=env,
+    env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--model", MODEL,
+                             "--data-dir", str(data_dir)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 180
@@ -52,50 +68,327 @@ def app_url():
         proc.kill()
 
 
+@pytest.fixture(scope="module")
+def model():
+    import torch
+
+    from interp.models import load_t2i
+
+    torch.set_num_threads(1)
+    return load_t2i(MODEL, device="cpu")
+
+
+def client(url):
+    from gradio_client import Client
+
+    return Client(url, verbose=False)
+
+
+def read_image(path) -> np.ndarray:
+    from PIL import Image
+
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
 def test_app_binds_to_localhost_only(app_url):
     assert app_url.startswith("http://127.0.0.1:")
 
 
-def test_generate_through_the_http_api_matches_python(app_url, toy_t2i):
-    from gradio_client import Client
-    from PIL import Image
-
-    client = Client(app_url, verbose=False)
+def test_generate_through_the_http_api_matches_python(app_url, model):
     prompt = "a small red circle at the top left on a blue background"
-    path, info = client.predict(prompt, 1, 5, api_name="/generate")
-    served = np.asarray(Image.open(path).convert("RGB"))
-    direct = np.asarray(toy_t2i.generate(prompt, steps=1, seed=5)[0])
-    assert np.array_equal(served, direct) and "seed 5" in info
+    path, info = client(app_url).predict(prompt, 1, 5, api_name="/generate")
+    assert np.array_equal(read_image(path), np.asarray(model.generate(prompt, steps=1, seed=5)[0]))
+    assert "seed 5" in info
+
+
+def test_concurrent_clients_each_get_their_own_generation(app_url):
+    settings = [("a large green star in the center on a black background", 1, 3),
+                ("a small red circle at the top left on a white background", 1, 11)]
+    alone = [read_image(client(app_url).predict(*s, api_name="/generate")[0]) for s in settings]
+    assert not np.array_equal(alone[0], alone[1])
+    with ThreadPoolExecutor(4) as pool:  # two sessions per setting, all at once
+        together = list(pool.map(lambda s: read_image(client(app_url).predict(*s, api_name="/generate")[0]),
+                                 settings * 2))
+    for i, image in enumerate(together):
+        assert np.array_equal(image, alone[i % 2])
+
+
+@pytest.mark.skipif(not HAS_SAES, reason=NO_SAES)
+def test_concurrent_clients_each_get_their_own_paint(app_url):
+    from saes.library import FeatureLibrary
+
+    block = FeatureLibrary.for_model(MODEL).blocks[0]
+    requests = [["a large blue square in the center on a white background", 1, 0, block, 0, "", 4.0, "all", None],
+                ["a small yellow triangle at the bottom right on a black background", 1, 7, block, 1, "", -1.0, "all",
+                 None]]
+    alone = [[read_image(p) for p in client(app_url).predict(*r, api_name="/paint")[:2]] for r in requests]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda r: [read_image(p) for p in client(app_url).predict(*r, api_name="/paint")[:2]],
+                                 requests * 2))
+    for i, (original, edited) in enumerate(together):
+        assert np.array_equal(original, alone[i % 2][0]) and np.array_equal(edited, alone[i % 2][1])
 
 
 @pytest.mark.parametrize("prompt, message", [("", "empty"), ("a red dragon", "dragon")])
-def test_bad_input_gives_a_message_and_the_app_stays_usable(app_url, prompt, message):
-    from gradio_client import Client
-
-    client = Client(app_url, verbose=False)
+def test_bad_prompt_gives_a_message_and_the_app_stays_usable(app_url, prompt, message):
+    c = client(app_url)
     with pytest.raises(Exception, match=message) as err:
-        client.predict(prompt, 1, 0, api_name="/generate")
+        c.predict(prompt, 1, 0, api_name="/generate")
     assert "Traceback" not in str(err.value)
-    path, _ = client.predict("a blue star", 1, 0, api_name="/generate")
+    path, _ = c.predict("a blue star", 1, 0, api_name="/generate")
     assert Path(path).exists()
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed")
-def test_browser_generates_an_image(app_url):
+def riebench_args(**change):
+    from interp.models.t2i import SDXL_BLOCKS
+
+    args = {"category": "change colour", "tasks": ["change-colour-000"], "method": "activation-diff", "k_trans": 3,
+            "m": 1.0, "blocks": list(SDXL_BLOCKS), "variant": "static"}
+    return list({**args, **change}.values())
+
+
+def vcl_args(**change):
+    args = {"model": "toy-chat", "source": "chat world mixture", "upload": None, "examples": 32, "lambda": 1.0,
+            "k": 2, "a": 0.3, "b": 0.7, "sign": "penalize", "pooling": "mean", "steps": 3, "lr": 1e-4, "batch": 8,
+            "eval": 2}
+    return list({**args, **change}.values())
+
+
+BAD_INPUTS = [
+    ("/riebench", lambda: riebench_args(tasks=[]), "choose at least one task"),
+    ("/riebench", lambda: riebench_args(k_trans=0), "less than minimum value 1"),
+    ("/riebench", lambda: riebench_args(blocks=[]), "choose at least one block"),
+    ("/riebench", lambda: riebench_args(tasks=["change-shape-000"]), "not in the category 'change colour'"),
+    ("/riebench", lambda: riebench_args(tasks=["no-such-task"]), "no task with id no-such-task"),
+    ("/vcl", lambda: vcl_args(a=0.8, b=0.2), "is empty"),
+    ("/vcl", lambda: vcl_args(k=20), "larger than the batch size"),
+    ("/vcl", lambda: vcl_args(source="uploaded file"), "upload a file first"),
+    ("/flowlens", lambda: [["toy-chat"], "none", "uploaded file", None, 24, 3, False], "upload a file first"),
+    ("/flowlens", lambda: [[], "none", "built-in mixture (chat world, held out)", None, 24, 3, False],
+     "choose at least one model"),
+    ("/diversity", lambda: [None, "both"], "upload a file first"),
+]
+
+
+@pytest.mark.parametrize("endpoint, make_args, message", BAD_INPUTS, ids=[f"{e}:{m}" for e, _, m in BAD_INPUTS])
+def test_bad_input_in_any_tab_gives_a_message_not_a_stack_trace(app_url, endpoint, make_args, message):
+    with pytest.raises(Exception, match=message) as err:
+        client(app_url).predict(*make_args(), api_name=endpoint)
+    assert "Traceback" not in str(err.value)
+
+
+@pytest.mark.skipif(HAS_SAES, reason="the sae method runs when SAEs are shipped")
+def test_sae_method_without_shipped_saes_says_which_methods_can_run(app_url):
+    with pytest.raises(Exception, match="needs SAEs.*activation-diff"):
+        client(app_url).predict(*riebench_args(method="sae"), api_name="/riebench")
+
+
+def test_uploads_are_checked_for_type_and_size(app_url, tmp_path):
+    from gradio_client import handle_file
+
+    wrong_type = tmp_path / "prompts.txt"
+    wrong_type.write_text("What is two plus two?\n")
+    with pytest.raises(Exception, match="jsonl"):
+        client(app_url).predict(handle_file(str(wrong_type)), "both", api_name="/diversity")
+    too_big = tmp_path / "big.jsonl"
+    line = json.dumps({"prompt": "copy these words: apple river", "completion": "apple river"}) + "\n"
+    too_big.write_text(line * (2_100_000 // len(line) + 1))  # above the app's 2 MB, below Gradio's 5 MB cap
+    with pytest.raises(Exception, match="the limit is 2 MB"):
+        client(app_url).predict(handle_file(str(too_big)), "both", api_name="/diversity")
+
+
+def test_a_typed_file_path_never_reaches_the_file_system(app_url):
+    """A client that sends a server path instead of an upload gets an error, not the file's statistics."""
+    secret = ROOT / "runs" / "not-an-upload.jsonl"
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")
+    try:
+        for path in (str(secret), "runs/not-an-upload.jsonl", "/tmp/gradio/../../" + str(secret)):
+            body = json.dumps({"data": [{"path": path, "meta": {"_type": "gradio.FileData"}}, "both"]}).encode()
+            request = urllib.request.Request(app_url + "gradio_api/call/diversity", body,
+                                             {"Content-Type": "application/json"})
+            event = json.loads(urllib.request.urlopen(request, timeout=30).read())["event_id"]
+            reply = urllib.request.urlopen(f"{app_url}gradio_api/call/diversity/{event}", timeout=60).read().decode()
+            assert "event: error" in reply and "tokens" not in reply
+    finally:
+        secret.unlink()
+
+
+def test_lexical_diversity_of_an_upload_matches_flowlens(app_url, tmp_path):
+    from gradio_client import handle_file
+
+    from flowlens.diversity import lexical_diversity, read_texts
+
+    data = tmp_path / "sft.jsonl"
+    rows = [{"prompt": f"copy these words: {a} {b}", "completion": f"{a} {b}"}
+            for a, b in [("apple", "river"), ("stone", "cloud"), ("apple", "lamp"), ("tiger", "river")]]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table, info = client(app_url).predict(handle_file(str(data)), "completions", api_name="/diversity")
+    served = {name: value for name, value in table["data"]}
+    expected = lexical_diversity(read_texts(data, "completions"))
+    assert served["texts"] == 4 and served["tokens"] == expected.n_tokens
+    assert served["H1"] == pytest.approx(expected.entropy[1], abs=1e-4)
+    assert served["distinct-2"] == pytest.approx(expected.distinct[2], abs=1e-4)
+    assert "sft.jsonl" in info
+
+
+def test_flowlens_on_an_uploaded_prompt_file_draws_every_plot(app_url, tmp_path):
+    from gradio_client import handle_file
+
+    from interp.zoo.chat.world import World
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": e["prompt"]}) + "\n"
+                               for e in World().sample("benign", "held_out", 12)))
+    summary, concentration, projections, alignment = client(app_url).predict(
+        ["toy-chat"], "toy-chat", "uploaded file", handle_file(str(prompts)), 24, 2, False, api_name="/flowlens")
+    assert "**12 prompts**" in summary and "alignment of PC1" in summary
+    for plot in (concentration, projections, alignment):
+        figure = json.loads(plot["plot"])
+        assert figure["data"] and all(len(trace["x"]) == 4 for trace in figure["data"])  # toy-chat has 4 layers
+    # a model aligned with itself: |cos| of matched principal directions is 1 at every layer
+    self_alignment = json.loads(alignment["plot"])["data"]
+    toy = [t for t in self_alignment if t["name"] == "toy-chat: PC1"][0]
+    assert np.allclose(toy["y"], 1.0, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- in the browser
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (apt install chromium)")
     from playwright.sync_api import sync_playwright
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(app_url)
-        page.locator("#prompt textarea").fill("a large green star in the center on a black background")
-        page.locator("#generate-button").click()
-        page.locator("#image img").wait_for(timeout=60_000)
-        page.wait_for_function("document.querySelector('#generate-info').innerText.includes('seed')",
-                               timeout=60_000)
-        page.screenshot(path=str(SCREENSHOTS / "generate.png"))
-        assert "seed 0" in page.locator("#generate-info").inner_text()
-        browser.close()
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, app_url):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(app_url)
+    page.locator("#prompt textarea").wait_for(timeout=30_000)
+    yield page
+    page.close()
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+def fetch_image(page, selector: str) -> np.ndarray:
+    """The exact pixels an <img> shows (fetched by its URL from the page)."""
+    from PIL import Image
+
+    src = page.locator(selector).get_attribute("src")
+    body = page.request.get(src).body()
+    return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"))
+
+
+@needs_chromium
+def test_browser_generates_an_image(page):
+    page.locator("#prompt textarea").fill("a large green star in the center on a black background")
+    page.locator("#generate-button").click()
+    page.locator("#image img").wait_for(timeout=60_000)
+    page.wait_for_function("document.querySelector('#generate-info').innerText.includes('seed')", timeout=60_000)
+    page.screenshot(path=str(SCREENSHOTS / "generate.png"), full_page=True)
+    assert "seed 0" in page.locator("#generate-info").inner_text()
+
+
+@needs_chromium
+def test_browser_paint_changes_the_image_only_inside_the_painted_region(page):
+    open_tab(page, "Paint")
+    if not HAS_SAES:
+        page.screenshot(path=str(SCREENSHOTS / "paint.png"), full_page=True)
+        pytest.skip(NO_SAES)
+    page.locator("#paint-load").click()
+    canvas = page.locator("#paint-canvas canvas").first
+    canvas.wait_for(timeout=60_000)
+    page.wait_for_timeout(1000)
+    box = canvas.bounding_box()
+    # a stroke across the upper left of the canvas
+    x0, y0 = box["x"] + box["width"] * 0.2, box["y"] + box["height"] * 0.25
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    for i in range(1, 11):
+        page.mouse.move(x0 + box["width"] * 0.25 * i / 10, y0, steps=2)
+    page.mouse.up()
+    page.locator("#paint-strength input[type=number]").fill("6")
+    page.locator("#paint-apply").click()
+    page.wait_for_function("document.querySelector('#paint-info').innerText.includes('inside the painted region')",
+                           timeout=90_000)
+    page.screenshot(path=str(SCREENSHOTS / "paint.png"), full_page=True)
+    original, edited = fetch_image(page, "#paint-original img"), fetch_image(page, "#paint-edited img")
+    region = fetch_image(page, "#paint-region img")[..., 0] > 0
+    assert 0 < region.mean() < 0.5, "the stroke should cover part of the image"
+    change = np.abs(edited.astype(int) - original.astype(int)).max(axis=-1)
+    # the U-Net's convolutions after the edited block spread an edit by a few pixels: allow a margin
+    from scipy.ndimage import binary_dilation
+
+    near = binary_dilation(region, iterations=8)
+    assert change[region].mean() > 2, "the edit should change the painted region"
+    assert change[~near].mean() < 0.25 * change[region].mean()
+    assert np.percentile(change[~near], 99) <= 12
+
+
+@needs_chromium
+def test_browser_opens_a_feature_card(page):
+    open_tab(page, "Features")
+    if not HAS_SAES:
+        page.screenshot(path=str(SCREENSHOTS / "features.png"), full_page=True)
+        pytest.skip(NO_SAES)
+    page.locator("#features-id input").fill("0")
+    page.locator("#features-open").click()
+    page.wait_for_function("document.querySelector('#feature-card').innerText.includes('feature 0')",
+                           timeout=60_000)
+    page.screenshot(path=str(SCREENSHOTS / "features.png"), full_page=True)
+    assert "Label" in page.locator("#feature-card").inner_text()
+
+
+@needs_chromium
+def test_browser_runs_a_two_task_riebench(page):
+    open_tab(page, "RIEBench")
+    assert page.locator("#riebench-tasks .token").count() == 2  # the category's first two tasks are chosen
+    page.locator("#riebench-run").click()
+    page.wait_for_function("document.querySelector('#riebench-status').innerText.includes('Finished')",
+                           timeout=120_000)
+    status = page.locator("#riebench-status").inner_text()
+    assert "2 task(s) edited" in status and "0 failed" in status
+    assert page.locator("#riebench-gallery img").count() == 6  # original, edited, target per task
+    page.locator("#riebench-plot .js-plotly-plot").wait_for(timeout=30_000)
+    assert "all" in page.locator("#riebench-table").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "riebench.png"), full_page=True)
+
+
+@needs_chromium
+def test_browser_draws_a_flowlens_plot(page):
+    open_tab(page, "FlowLens")
+    page.locator("#flowlens-run").click()
+    page.locator("#flowlens-concentration .js-plotly-plot").wait_for(timeout=90_000)
+    page.locator("#flowlens-projections .js-plotly-plot").wait_for(timeout=30_000)
+    assert "48 prompts" in page.locator("#flowlens-summary").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "flowlens.png"), full_page=True)
+
+
+@needs_chromium
+def test_browser_runs_a_few_vcl_steps_and_cancels_cleanly(page):
+    open_tab(page, "VCL fine-tuning")
+    page.locator("#vcl-steps input").fill("400")
+    page.locator("#vcl-eval input").fill("2")
+    page.locator("#vcl-run").click()
+    page.wait_for_function("(m => m !== null && Number(m[1]) >= 3)"
+                           "(document.querySelector('#vcl-status').innerText.match(/step (\\d+) of 400/))",
+                           timeout=90_000)
+    page.locator("#vcl-cancel").click()
+    page.wait_for_function("document.querySelector('#vcl-status').innerText.includes('Cancelled')",
+                           timeout=60_000)
+    status = page.locator("#vcl-status").inner_text()
+    stopped_at = int(status.split("at step ")[1].split(" ")[0])
+    assert 3 <= stopped_at < 400
+    page.locator("#vcl-curves .js-plotly-plot").wait_for(timeout=30_000)
+    assert "(not run)" in page.locator("#vcl-table").inner_text()  # cancelled: no after-training evaluation
+    page.screenshot(path=str(SCREENSHOTS / "vcl.png"), full_page=True)
