@@ -1,0 +1,138 @@
+"""What both sweeps share: the held-out evaluation prompts, the measurements of one model, and table helpers.
+
+Every model is measured the same way, so the safety-ratio sweep (issue 6) and the VCL sweep
+(issue 7) report comparable numbers:
+
+- refusals (``flowlens.refusals``): greedy completions of held-out chat-world prompts in the chat
+  template; false-refusal rate on benign prompts that only sound dangerous, refusal rate on
+  harmful prompts, exact-match task accuracy on general prompts;
+- geometry (``flowlens.geometry``): residuals at the last prompt token of every layer (through
+  ``interp``) on a fixed set of held-out prompts; top-k energy, effective rank and participation
+  ratio per layer, and the structural alignment score (|cos| of each layer's k-th principal
+  direction with the base model's) per layer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from interp.zoo.chat.world import GENERAL_TASKS, World, WorldConfig
+
+REPO = Path(__file__).resolve().parent.parent
+BASE_MODEL = REPO / "interp" / "zoo" / "weights" / "chat-base"
+SHIPPED_WEIGHTS = REPO / "interp" / "zoo" / "weights"
+RESULTS = REPO / "experiments" / "results"
+N_COMPONENTS = 3   # principal directions compared and top-k energy's k (the study's default)
+EVAL_SEED = 11     # held-out evaluation prompts (disjoint from training by the world's split)
+GEOMETRY_SEED = 13
+
+
+def eval_records(per_task: int = 12, n_harmful: int = 120, n_benign: int = 120, world_seed: int = 0) -> list[dict]:
+    """Held-out prompt set in FlowLens' JSONL layout: ``{"prompt", "kind", "type", "answer"?}``."""
+    world = World(WorldConfig(seed=world_seed))
+    records = [{"prompt": e["prompt"], "kind": "general", "type": e["type"], "answer": e["completion"]}
+               for task in GENERAL_TASKS for e in world.sample("general", "held_out", per_task, EVAL_SEED, type=task)]
+    for kind, n in (("harmful", n_harmful), ("benign", n_benign)):
+        records += [{"prompt": e["prompt"], "kind": kind, "type": e["type"]}
+                    for e in world.sample(kind, "held_out", n, EVAL_SEED)]
+    return records
+
+
+def geometry_prompts(n_each: int = 64, world_seed: int = 0) -> list[str]:
+    """Held-out prompts of every kind (benign, harmful, general), the same for every model."""
+    world = World(WorldConfig(seed=world_seed))
+    return [e["prompt"] for kind in ("benign", "harmful", "general")
+            for e in world.sample(kind, "held_out", n_each, GEOMETRY_SEED)]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+    return path
+
+
+def write_json(path: Path, obj) -> None:
+    """Atomic: a sweep interrupted mid-write never leaves a half result that looks finished."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def refusal_metrics(model, tokenizer, records: list[dict]) -> dict:
+    """False-refusal, harmful-refusal and task-accuracy rates of a loaded HF model on ``records``."""
+    from flowlens.refusals import PromptRecord, evaluate_refusals
+
+    prompts = [PromptRecord(r["prompt"], r["kind"], r.get("answer"), r.get("type")) for r in records]
+    evaluation = evaluate_refusals(model, tokenizer, prompts, max_new_tokens=40, batch_size=64, chat_template=True)
+    metrics = evaluation.metrics.to_json()
+    metrics["examples"] = evaluation.rows[::max(1, len(evaluation.rows) // 12)]  # a few, to read what it says
+    return metrics
+
+
+def last_token_residuals(model_dir: str | Path, prompts: list[str]) -> np.ndarray:
+    """``(N, L, d)`` resid_post at the last prompt token (chat template), through ``interp``."""
+    from interp.hooks.lm import last_token_residuals as capture
+    from interp.models.lm import load_lm
+
+    lm = load_lm(str(model_dir))
+    return capture(lm, prompts, chat_template=True, batch_size=64).numpy()
+
+
+def geometry_metrics(residuals: np.ndarray, reference: np.ndarray | None) -> dict:
+    """Concentration per layer and (with a reference) the structural alignment score per layer."""
+    from flowlens.geometry import concentration_by_layer, structural_alignment
+
+    out = {"concentration": concentration_by_layer(residuals, N_COMPONENTS)}
+    if reference is not None:
+        alignment = structural_alignment(residuals, reference, N_COMPONENTS)
+        score = alignment["score"]  # (L, k)
+        out["alignment"] = {"per_layer_pc": score.tolist(), "depth": alignment["depth"].tolist(),
+                            "pc1_by_layer": score[:, 0].tolist(), "mean_by_layer": score.mean(1).tolist(),
+                            "mean": float(score.mean())}
+    return out
+
+
+def measure_model(model_dir: str | Path, records: list[dict], prompts: list[str],
+                  reference_residuals: np.ndarray | None) -> dict:
+    """Refusal metrics and geometry of the saved model in ``model_dir``."""
+    from interp.models.lm import load_hf_lm
+
+    model, tokenizer = load_hf_lm(str(model_dir))
+    result = {"refusals": refusal_metrics(model, tokenizer, records)}
+    result["geometry"] = geometry_metrics(last_token_residuals(model_dir, prompts), reference_residuals)
+    return result
+
+
+# --------------------------------------------------------------------------- summaries
+
+def mean_spread(values: list[float | None]) -> dict:
+    """Mean, sample standard deviation (0 for one value), min, max and n of the finite values."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not xs:
+        return {"mean": None, "std": None, "min": None, "max": None, "n": 0}
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return {"mean": mean, "std": std, "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def show(stat: dict, digits: int = 3) -> str:
+    """``mean ± std`` (or the single value when n = 1) for a markdown table."""
+    if stat["mean"] is None:
+        return "n/a"
+    if stat["n"] == 1:
+        return f"{stat['mean']:.{digits}f}"
+    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"

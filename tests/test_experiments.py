@@ -1,0 +1,39 @@
+"""The sweeps' grids and summaries (fast: no training, no model)."""
+
+import math
+
+import pytest
+
+from experiments.common import mean_spread, show
+from experiments.vcl_sweep import DEFAULT, MAIN_SEEDS, RATIOS, grid
+
+
+def test_mean_spread_is_sample_std_and_skips_missing():
+    stat = mean_spread([0.1, 0.3, None, float("nan")])
+    assert stat["n"] == 2
+    assert stat["mean"] == pytest.approx(0.2)
+    assert stat["std"] == pytest.approx(math.sqrt(0.02))
+    assert show(stat) == "0.200 ± 0.141"
+    assert show(mean_spread([0.5])) == "0.500"
+    assert mean_spread([None])["mean"] is None
+
+
+def test_vcl_grid_main_comparison_first_then_one_factor_cells():
+    cells = grid()
+    names = [c.name for c in cells]
+    assert len(names) == len(set(names))
+    main = cells[:2 * len(RATIOS) * len(MAIN_SEEDS)]
+    assert {(c.ratio, c.seed, c.vcl) for c in main} == {(r, s, v) for r in RATIOS for s in MAIN_SEEDS
+                                                         for v in (False, True)}
+    for cell in cells[len(main):]:
+        changed = [k for k, v in DEFAULT.items() if getattr(cell, k) != v]
+        assert len(changed) == 1 and cell.varied == changed[0] and cell.seed == 0
+    assert grid(only_main=True) == main
+
+
+def test_vcl_windows_hold_a_layer_of_the_embedded_model():
+    from flowlens.vcl import window_layers
+
+    windows = {c.window for c in grid()}
+    assert len(windows) == 3
+    assert sorted(window_layers(w, 4)[0] for w in windows) == [0, 1, 2]
