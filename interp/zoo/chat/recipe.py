@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -142,7 +143,8 @@ def greedy_complete(model, tokenizer, prompts: list[str], max_new_tokens: int = 
 
 
 def normalise(text: str) -> str:
-    return " ".join(text.split()).lower()
+    """Case and spacing folded, no space before punctuation: a decoded completion compares to its reference."""
+    return re.sub(r"\s+([,.?!])", r"\1", " ".join(text.split())).lower()
 
 
 def is_refusal(completion: str) -> bool:

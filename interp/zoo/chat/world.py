@@ -132,15 +132,15 @@ def addition_steps(a: int, b: int) -> str:
     """
     units = a % 10 + b % 10
     tens = a // 10 + b // 10 + units // 10
-    return f"{a % 10} + {b % 10} = {units} , {a // 10} + {b // 10} + {units // 10} = {tens} , the sum is {a + b}"
+    return f"{a % 10} + {b % 10} = {units}, {a // 10} + {b // 10} + {units // 10} = {tens}, the sum is {a + b}"
 
 
 def subtraction_steps(a: int, b: int) -> str:
     """Column subtraction written out (a >= b): units with a borrow when needed, tens, then the difference."""
     borrow = int(a % 10 < b % 10)
     units = a % 10 + 10 * borrow
-    return (f"{units} - {b % 10} = {units - b % 10} , {a // 10} - {b // 10} - {borrow} = "
-            f"{a // 10 - b // 10 - borrow} , the difference is {a - b}")
+    return (f"{units} - {b % 10} = {units - b % 10}, {a // 10} - {b // 10} - {borrow} = "
+            f"{a // 10 - b // 10 - borrow}, the difference is {a - b}")
 
 
 def _subtract(rng, split, kb):
