@@ -46,10 +46,10 @@ class RecipeConfig:
     world: WorldConfig = field(default_factory=WorldConfig)
     model: ChatModelConfig = field(default_factory=ChatModelConfig)
     seed: int = 0
-    pretrain_steps: int = 2500
+    pretrain_steps: int = 3000
     pretrain_lr: float = 3e-3
     pretrain_benign_share: float = 0.15   # benign-that-sounds-dangerous examples, with real answers
-    finetune_steps: int = 250
+    finetune_steps: int = 150
     finetune_lr: float = 5e-4
     safety_ratios: tuple[float, ...] = (0.0, 0.1, 0.2, 0.4)
     batch_size: int = 48
