@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train" and args.model == "t2i":
         t2i_recipe.main(args)
     elif args.command == "train" and args.model == "chat":
-        chat_recipe.main(args)
+        return chat_recipe.main(args) or 0
     elif args.command == "evaluate":
         from .t2i_report import evaluate_command
         return evaluate_command(args)

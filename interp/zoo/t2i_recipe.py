@@ -97,12 +97,14 @@ def save_checkpoint(path: Path, state: dict) -> None:
     os.replace(tmp, path)  # a crash mid-write never replaces a good checkpoint
 
 
-RUN_LENGTH_FIELDS = ("vae_steps", "unet_steps", "checkpoint_every", "threads")
+# May change between a run and its resumption: how long the stages run, and the object weight
+# (lowered once objects are drawn, so that drawing one where none belongs costs as much as a miss).
+RESUMABLE_CHANGES = ("vae_steps", "unet_steps", "checkpoint_every", "threads", "object_weight")
 
 
 def _recipe_identity(config: dict) -> dict:
-    """What must match to resume: everything but how long the stages run (a run may be extended)."""
-    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in RUN_LENGTH_FIELDS}
+    """What must match to resume."""
+    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in RESUMABLE_CHANGES}
 
 
 def load_checkpoint(path: Path, cfg: RecipeConfig) -> dict | None:
@@ -248,7 +250,7 @@ def set_scaling_factor(pipe, latents: torch.Tensor) -> None:
 def main(args: argparse.Namespace) -> None:
     cfg = RecipeConfig(seed=args.seed, n_scenes=args.scenes, vae_steps=args.vae_steps,
                        unet_steps=args.unet_steps, unet_batch=args.batch, threads=args.threads,
-                       checkpoint_every=args.checkpoint_every)
+                       checkpoint_every=args.checkpoint_every, object_weight=args.object_weight)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(args.out)
@@ -297,3 +299,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=RecipeConfig.threads)
     parser.add_argument("--probe-every", type=int, default=500, help="probe accuracy every N UNet steps (0: never)")
     parser.add_argument("--checkpoint-every", type=int, default=RecipeConfig.checkpoint_every)
+    parser.add_argument("--object-weight", type=float, default=RecipeConfig.object_weight,
+                        help="extra loss weight on object pixels (lower it late in training)")
