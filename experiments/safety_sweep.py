@@ -36,7 +36,9 @@ def model_dir(ratio: float, seed: int) -> Path:
     from interp.zoo.chat.recipe import variant_name
 
     shipped = SHIPPED_WEIGHTS / variant_name(ratio, seed)  # the recipe's author may have shipped extra seeds
-    return shipped if seed == 0 or (shipped / "model.safetensors").exists() else EXTRA_WEIGHTS / variant_name(ratio, seed)
+    if seed == 0 or (shipped / "model.safetensors").exists():
+        return shipped
+    return EXTRA_WEIGHTS / variant_name(ratio, seed)
 
 
 def finetune_data(directory: Path) -> list[dict]:
@@ -189,6 +191,14 @@ def report(args) -> int:
         text += markdown_table(["part", "H1 (bits)", "distinct-2", "MSTTR"],
                                [[name, show(p["H1"], 2), show(p["distinct-2"]), show(p["msttr"])]
                                 for name, p in parts.items()])
+    types = sorted({t.split("/", 1)[1] for r in runs for t in r["refusals"]["refusal_rate_by_type"]
+                    if t.startswith("benign/")})
+    if types:
+        text += "\nFalse-refusal rate by benign prompt type (XSTest's types; mean over seeds):\n\n"
+        text += markdown_table(["safety ratio", *types], [
+            [f"{e['ratio']:g}", *[show(mean_spread([r["refusals"]["refusal_rate_by_type"].get(f"benign/{t}")
+                                                   for r in runs if r["ratio"] == e["ratio"]]), 2) for t in types]]
+            for e in summary])
     (RESULTS / "safety_sweep.md").write_text(text)
     plot(summary, depth, RESULTS / "safety_sweep.png")
     print(text)
