@@ -233,6 +233,13 @@ def _report(args) -> int:
                           features_summary=summary, world_seed=args.world_seed, seed=args.seed, store=store)
     if args.notes_file:
         report["notes"] = Path(args.notes_file).read_text().strip()
+    from interp.models.t2i import resolve
+
+    source = resolve(args.model)[0]
+    if os.path.isdir(source):  # which weights the SAEs were measured on: checkable later
+        from .report import weights_fingerprint
+
+        report["model_weights_sha256"] = weights_fingerprint(source)
     md = write_report(report, args.out or args.root)
     print(md, end="")
     return 0

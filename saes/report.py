@@ -21,6 +21,15 @@ TARGETS = {"explained_variance_min": 0.8, "dead_fraction_max": 0.05, "label_auro
 REPORT_JSON, REPORT_MD = "report.json", "REPORT.md"
 
 
+def weights_fingerprint(model_dir: str | os.PathLike) -> dict[str, str]:
+    """sha256 of every safetensors file of a pipeline directory, by path inside it."""
+    import hashlib
+
+    model_dir = Path(model_dir)
+    return {str(path.relative_to(model_dir)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(model_dir.rglob("*.safetensors"))}
+
+
 def _blocks(root: Path) -> dict[str, SAE]:
     dirs = sorted(p.parent for p in root.glob(f"*/{CFG_FILENAME}"))
     if not dirs:

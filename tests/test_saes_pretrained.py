@@ -73,6 +73,14 @@ def test_report_meets_the_reconstruction_targets_and_its_label_claims_match_the_
         assert card["label"] == label and card["auroc"] == pytest.approx(claim["auroc"])
 
 
+def test_the_report_was_measured_on_the_embedded_weights():
+    from saes.report import weights_fingerprint
+
+    recorded = _report().get("model_weights_sha256")
+    assert recorded, "report.json does not say which weights the SAEs were trained and measured on"
+    assert weights_fingerprint(WEIGHTS_DIR / "t2i") == recorded
+
+
 def test_explained_variance_holds_on_fresh_generations(library, toy_t2i):
     from interp.hooks import capture_updates, generate
     from interp.store import world_prompts
