@@ -39,6 +39,16 @@ WORLD_PROMPT_SETS = {            # FlowLens prompt sets from the chat world: nam
     "chat world: general only": ("general",),
 }
 UPLOADED = "uploaded file"
+NO_SAES_NOTE = ("\n\n**No SAEs are available for {model} yet**: features need them (train and ship them with "
+                "`python -m saes train`; the embedded toy model's go in `saes/pretrained/toy/`).")
+# Small generated images are shown scaled up with sharp pixels (the files served keep their exact size).
+CSS = """
+#image img, #heatmap img, #paint-original img, #paint-edited img, #paint-difference img, #paint-region img,
+#paint-icon-image img, #riebench-gallery img { image-rendering: pixelated; }
+#image img, #heatmap img { width: 100%; height: 100%; object-fit: contain; }
+#paint-original img, #paint-edited img, #paint-difference img, #paint-region img, #paint-icon-image img {
+  width: 100%; height: 100%; object-fit: contain; }
+"""
 
 
 def _message(err: BaseException) -> gr.Error:
@@ -566,7 +576,7 @@ class Workbench:
                 line += f"; PC1 stability without trailing punctuation: {r['pc1_stability']['overall']:.3f}"
             lines.append(line)
         if not reference:
-            lines.append("Choose a reference model to see the alignment score.")
+            lines.append("\nChoose a reference model to see the alignment score.")
         return "\n".join(lines), figures["concentration"], figures["projections"], figures.get("alignment")
 
     @user_errors
@@ -716,7 +726,8 @@ def build_ui(bench: Workbench) -> gr.Blocks:
 
         with gr.Tab("Paint", id="paint"):
             gr.Markdown("Paint a region on the image, choose a feature and a strength (a multiple of the feature's "
-                        "mean activation; negative removes it), and apply: original, edited and their difference.")
+                        "mean activation; negative removes it), and apply: original, edited and their difference."
+                        + ("" if library_blocks else NO_SAES_NOTE.format(model=bench.model_name)))
             with gr.Row():
                 with gr.Column():
                     p_prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_length=2000,
@@ -762,6 +773,8 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                            api_name="feature_icon")
 
         with gr.Tab("Features", id="features"):
+            if not library_blocks:
+                gr.Markdown(NO_SAES_NOTE.format(model=bench.model_name).strip(), elem_id="features-note")
             with gr.Row():
                 f_block = gr.Dropdown(label="Block", choices=library_blocks, value=default_block,
                                       elem_id="features-block")
@@ -829,11 +842,12 @@ def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
                 run = gr.Button("Run", variant="primary", elem_id="riebench-run")
                 cancel = gr.Button("Cancel", variant="stop", elem_id="riebench-cancel")
     status = gr.Markdown(elem_id="riebench-status")
+    table = gr.Dataframe(label="Results (mean per category)", interactive=False, elem_id="riebench-table")
     with gr.Row():
-        table = gr.Dataframe(label="Results (mean per category)", interactive=False, elem_id="riebench-table")
         plot = gr.Plot(label="Success against preservation", elem_id="riebench-plot")
-    gallery = gr.Gallery(label="Original / edited / target, per task", columns=6, rows=1, height="auto",
-                         object_fit="contain", allow_preview=True, elem_id="riebench-gallery")
+        # one task per row: original, edited, target
+        gallery = gr.Gallery(label="Original / edited / target, per task", columns=3, height=460,
+                             object_fit="contain", elem_id="riebench-gallery")
     category.change(bench.riebench_tasks_for, [category], [task_ids], queue=False, api_name=False)
     event = run.click(bench.riebench_run, [category, task_ids, method, k_trans, multiplier, run_blocks, variant],
                       [status, table, plot, gallery], api_name="riebench", concurrency_limit=1)
@@ -957,7 +971,7 @@ def main(argv: list[str] | None = None) -> None:
     demo = build_ui(bench)
     demo.queue(default_concurrency_limit=2, max_size=64)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
-                max_file_size="5mb")
+                max_file_size="5mb", css=CSS)
 
 
 if __name__ == "__main__":

@@ -44,14 +44,15 @@ def data_dir(tmp_path_factory):
 def app_url(data_dir):
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", OMP_NUM_THREADS="1")
+    # the app's output goes to a file: a pipe nobody reads fills up and blocks the server mid-test
+    log = (data_dir / "app.log").open("w")
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--model", MODEL,
-                             "--data-dir", str(data_dir)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--data-dir", str(data_dir)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 180
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError("app exited: " + proc.stdout.read()[-3000:])
+            raise RuntimeError("app exited: " + (data_dir / "app.log").read_text()[-3000:])
         try:
             urllib.request.urlopen(url, timeout=2)
             break
@@ -66,6 +67,7 @@ def app_url(data_dir):
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+    log.close()
 
 
 @pytest.fixture(scope="module")
@@ -267,13 +269,30 @@ def browser():
         chromium.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def page(browser, app_url):
+    """One page (one session) for all browser tests: each opens the tab it needs."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(app_url)
-    page.locator("#prompt textarea").wait_for(timeout=30_000)
+    page.locator("#prompt textarea").wait_for(timeout=60_000)
     yield page
     page.close()
+
+
+def wait_until(page, condition: str, timeout_ms: int, watch: str) -> None:
+    """Wait for a JavaScript condition; on timeout, keep a screenshot and say what `watch` showed."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(condition, timeout=timeout_ms)
+    except PlaywrightTimeout:
+        page.screenshot(path=str(SCREENSHOTS / "failed.png"), full_page=True)
+        raise AssertionError(f"timed out waiting for {condition}; {watch} shows: "
+                             f"{page.locator(watch).inner_text()!r} (screenshot: artifacts/screenshots/failed.png)")
+
+
+def text_includes(selector: str, text: str) -> str:
+    return f"document.querySelector({selector!r}).innerText.includes({text!r})"
 
 
 def open_tab(page, name: str) -> None:
@@ -291,10 +310,11 @@ def fetch_image(page, selector: str) -> np.ndarray:
 
 @needs_chromium
 def test_browser_generates_an_image(page):
+    open_tab(page, "Generate and explore")
     page.locator("#prompt textarea").fill("a large green star in the center on a black background")
     page.locator("#generate-button").click()
     page.locator("#image img").wait_for(timeout=60_000)
-    page.wait_for_function("document.querySelector('#generate-info').innerText.includes('seed')", timeout=60_000)
+    wait_until(page, text_includes("#generate-info", "seed"), 60_000, "#generate-info")
     page.screenshot(path=str(SCREENSHOTS / "generate.png"), full_page=True)
     assert "seed 0" in page.locator("#generate-info").inner_text()
 
@@ -319,8 +339,7 @@ def test_browser_paint_changes_the_image_only_inside_the_painted_region(page):
     page.mouse.up()
     page.locator("#paint-strength input[type=number]").fill("6")
     page.locator("#paint-apply").click()
-    page.wait_for_function("document.querySelector('#paint-info').innerText.includes('inside the painted region')",
-                           timeout=90_000)
+    wait_until(page, text_includes("#paint-info", "inside the painted region"), 90_000, "#paint-info")
     page.screenshot(path=str(SCREENSHOTS / "paint.png"), full_page=True)
     original, edited = fetch_image(page, "#paint-original img"), fetch_image(page, "#paint-edited img")
     region = fetch_image(page, "#paint-region img")[..., 0] > 0
@@ -339,12 +358,12 @@ def test_browser_paint_changes_the_image_only_inside_the_painted_region(page):
 def test_browser_opens_a_feature_card(page):
     open_tab(page, "Features")
     if not HAS_SAES:
+        assert "No SAEs are available" in page.locator("#features-note").inner_text()
         page.screenshot(path=str(SCREENSHOTS / "features.png"), full_page=True)
         pytest.skip(NO_SAES)
     page.locator("#features-id input").fill("0")
     page.locator("#features-open").click()
-    page.wait_for_function("document.querySelector('#feature-card').innerText.includes('feature 0')",
-                           timeout=60_000)
+    wait_until(page, text_includes("#feature-card", "feature 0"), 60_000, "#feature-card")
     page.screenshot(path=str(SCREENSHOTS / "features.png"), full_page=True)
     assert "Label" in page.locator("#feature-card").inner_text()
 
@@ -354,8 +373,7 @@ def test_browser_runs_a_two_task_riebench(page):
     open_tab(page, "RIEBench")
     assert page.locator("#riebench-tasks .token").count() == 2  # the category's first two tasks are chosen
     page.locator("#riebench-run").click()
-    page.wait_for_function("document.querySelector('#riebench-status').innerText.includes('Finished')",
-                           timeout=120_000)
+    wait_until(page, text_includes("#riebench-status", "Finished"), 120_000, "#riebench-status")
     status = page.locator("#riebench-status").inner_text()
     assert "2 task(s) edited" in status and "0 failed" in status
     assert page.locator("#riebench-gallery img").count() == 6  # original, edited, target per task
@@ -380,12 +398,10 @@ def test_browser_runs_a_few_vcl_steps_and_cancels_cleanly(page):
     page.locator("#vcl-steps input").fill("400")
     page.locator("#vcl-eval input").fill("2")
     page.locator("#vcl-run").click()
-    page.wait_for_function("(m => m !== null && Number(m[1]) >= 3)"
-                           "(document.querySelector('#vcl-status').innerText.match(/step (\\d+) of 400/))",
-                           timeout=90_000)
+    wait_until(page, "(m => m !== null && Number(m[1]) >= 3)"
+               "(document.querySelector('#vcl-status').innerText.match(/step (\\d+) of 400/))", 90_000, "#vcl-status")
     page.locator("#vcl-cancel").click()
-    page.wait_for_function("document.querySelector('#vcl-status').innerText.includes('Cancelled')",
-                           timeout=60_000)
+    wait_until(page, text_includes("#vcl-status", "Cancelled"), 60_000, "#vcl-status")
     status = page.locator("#vcl-status").inner_text()
     stopped_at = int(status.split("at step ")[1].split(" ")[0])
     assert 3 <= stopped_at < 400
