@@ -34,6 +34,9 @@ RATIOS = (0.1, 0.2, 0.4)
 MAIN_SEEDS = (0, 1, 2)
 DEFAULT = {"k": 2, "weight": 1.0, "window": (0.3, 0.5), "sign": "penalize"}
 VARIATIONS = {"k": (1, 4), "weight": (0.1, 10.0), "window": ((0.0, 0.2), (0.6, 0.8)), "sign": ("encourage",)}
+# One-factor cells that looked best on one seed at ratio 0.2, rerun with the other seeds at every ratio
+# (chosen after the one-factor pass: the single-seed differences were within the seed spread).
+CONFIRM = ({"k": 4}, {"window": (0.6, 0.8)})
 # Short runs: the CPU was shared by several jobs. Constant lr (flowlens.finetune has no schedule).
 STEPS, BATCH, LR, N_DATA = 50, 32, 1e-3, 2000
 
@@ -65,13 +68,18 @@ class Cell:
 
 
 def grid(only_main: bool = False) -> list[Cell]:
-    """Main comparison first (seed 0 of every ratio, then the other seeds), then one-factor cells (ratio 0.2 first)."""
+    """Main comparison first (seed 0 of every ratio, then the other seeds), then one-factor cells (ratio 0.2
+    first), then the confirmation seeds of ``CONFIRM``; the order only ever grows at the end (resumable)."""
     cells = [Cell(r, s, vcl) for s in MAIN_SEEDS for r in RATIOS for vcl in (False, True)]
     if not only_main:
         for ratio in (0.2, 0.1, 0.4):
             for factor, values in VARIATIONS.items():
                 for value in values:
                     cells.append(Cell(ratio, 0, True, **{**DEFAULT, factor: value}))
+        for seed in MAIN_SEEDS[1:]:
+            for ratio in RATIOS:
+                for change in CONFIRM:
+                    cells.append(Cell(ratio, seed, True, **{**DEFAULT, **change}))
     return cells
 
 
@@ -185,6 +193,7 @@ def report(args) -> int:
     write_json(RESULTS / "vcl_sweep.json", {"steps": STEPS, "batch_size": BATCH, "lr": LR, "n_data": N_DATA,
                                             "default": {**DEFAULT, "window": list(DEFAULT["window"])},
                                             "summary": list(summary.values()),
+                                            "paired_differences": paired_differences(results),
                                             "runs": [{k: v for k, v in r.items() if k != "refusals"} |
                                                      {"refusals": {m: r["refusals"][m] for m, _ in METRICS}}
                                                      for r in results]})
@@ -196,13 +205,42 @@ def report(args) -> int:
         rows.append([f"{e['ratio']:g}", e["setting"], str(len(e["seeds"])), *[show(e[m]) for m, _ in METRICS],
                      show(e["alignment_mean"]), " / ".join(f"{s['mean']:.2f}" for s in e["top_k_energy_by_layer"]),
                      show(e["final_vcl_ratio"])])
+    paired = paired_differences(results)
+    text_paired = ("\nPaired differences, VCL minus plain SFT with the same seed (same batches), for settings run "
+                   "with more than one seed: mean ± std over seeds, and the per-seed values.\n\n" + markdown_table(
+                       ["ratio", "setting", "seeds", *[f"delta {name}" for _, name in METRICS], "per-seed delta false refusal"],
+                       [[f"{p['ratio']:g}", p["setting"], str(len(p["seeds"])), *[show(p[m]) for m, _ in METRICS],
+                         ", ".join(f"{d:+.3f}" for d in p["false_refusal_rate_values"])] for p in paired]))
     (RESULTS / "vcl_sweep.md").write_text(
         f"Plain SFT vs SFT + VCL from chat-base ({STEPS} steps, batch {BATCH}, lr {LR:g}, {N_DATA} examples per "
         f"ratio); mean ± sample std over seeds (one value when seeds = 1). Top-3 energy at layers 0/1/2/3 "
-        f"(normalised depth 0, 0.33, 0.67, 1).\n\n" + markdown_table(header, rows))
+        f"(normalised depth 0, 0.33, 0.67, 1).\n\n" + markdown_table(header, rows) + text_paired)
     plot(summary, RESULTS / "vcl_sweep.png")
     print((RESULTS / "vcl_sweep.md").read_text())
     return 0
+
+
+def paired_differences(results: list[dict]) -> list[dict]:
+    """Per ratio and VCL setting run with several seeds: metric(VCL, seed) - metric(plain SFT, seed)."""
+    sft = {(r["cell"]["ratio"], r["cell"]["seed"]): r for r in results if not r["cell"]["vcl"]}
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        c = r["cell"]
+        if c["vcl"] and (c["ratio"], c["seed"]) in sft:
+            groups.setdefault((c["ratio"], c["k"], c["weight"], tuple(c["window"]), c["sign"]), []).append(r)
+    out = []
+    for (ratio, k, weight, window, sign), runs in sorted(groups.items()):
+        if len(runs) < 2:
+            continue
+        runs = sorted(runs, key=lambda r: r["cell"]["seed"])
+        entry = {"ratio": ratio, "setting": f"VCL k={k} lambda={weight:g} window=[{window[0]:g},{window[1]:g}] {sign}",
+                 "seeds": [r["cell"]["seed"] for r in runs]}
+        for metric, _ in METRICS:
+            values = [r["refusals"][metric] - sft[(ratio, r["cell"]["seed"])]["refusals"][metric] for r in runs]
+            entry[metric] = mean_spread(values)
+            entry[f"{metric}_values"] = values
+        out.append(entry)
+    return out
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -223,7 +261,7 @@ def plot(summary: dict, path: Path) -> None:
         others = [e for e in entries if e["varied"] not in ("sft", "default")]
         if others:
             axis.scatter([e["ratio"] + 0.01 for e in others], [e[metric]["mean"] for e in others], s=12,
-                         color="grey", label="one-factor VCL cells (1 seed)")
+                         color="grey", label="one-factor VCL cells (seeds: see table)")
         axis.set_xlabel("safety-data ratio")
         axis.set_title(name)
         axis.legend(fontsize=7)

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from experiments.common import mean_spread, show
-from experiments.vcl_sweep import DEFAULT, MAIN_SEEDS, RATIOS, grid
+from experiments.vcl_sweep import CONFIRM, DEFAULT, MAIN_SEEDS, RATIOS, grid
 
 
 def test_mean_spread_is_sample_std_and_skips_missing():
@@ -25,9 +25,14 @@ def test_vcl_grid_main_comparison_first_then_one_factor_cells():
     main = cells[:2 * len(RATIOS) * len(MAIN_SEEDS)]
     assert {(c.ratio, c.seed, c.vcl) for c in main} == {(r, s, v) for r in RATIOS for s in MAIN_SEEDS
                                                          for v in (False, True)}
+    confirm = {(c.ratio, c.seed, c.varied) for c in cells if c.seed != 0 and c.varied not in ("sft", "default")}
+    assert len(confirm) == len(RATIOS) * (len(MAIN_SEEDS) - 1) * len(CONFIRM)
     for cell in cells[len(main):]:
         changed = [k for k, v in DEFAULT.items() if getattr(cell, k) != v]
-        assert len(changed) == 1 and cell.varied == changed[0] and cell.seed == 0
+        assert len(changed) == 1 and cell.varied == changed[0]
+        # every cell rerun with more seeds also ran with seed 0
+        assert any(c.seed == 0 and c.varied == cell.varied and getattr(c, cell.varied) == getattr(cell, cell.varied)
+                   and c.ratio == cell.ratio for c in cells)
     assert grid(only_main=True) == main
 
 
