@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-from interp.models import load_t2i
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from interp.models import load_t2i  # noqa: E402
 
 PROMPT = "a small red circle at the top left and a large blue striped star in the center on a white background"
 
