@@ -1,6 +1,6 @@
 """Cost of capture hooks, of an active edit, and of the store's writer, measured side by side.
 
-    python benchmarks/capture.py [--model toy|DIR|sdxl-turbo] [--rounds 15] [--out capture_benchmark.json]
+    python benchmarks/capture.py [--model toy|DIR|sdxl-turbo] [--rounds 15] [--out runs/bench/capture.json]
 
 Generation is timed in interleaved rounds (plain, with the four capture hooks, with an
 active edit), so a machine busy with other work slows all three alike; medians are
@@ -63,7 +63,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--store-images", type=int, default=64, help="images whose updates the writer saves")
-    parser.add_argument("--out", default="capture_benchmark.json")
+    parser.add_argument("--out", default="runs/bench/capture.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, model_name = load_model(args.model)
@@ -128,6 +128,7 @@ def main() -> int:
     print(f"  store writer (atomic, fsync) {throughput['store_write_shard']:8.1f} MB/s vs plain save_file "
           f"{throughput['plain_save_file']:8.1f} MB/s ({megabytes:.1f} MB; ratio "
           f"{result['ratio_store_write_vs_plain_save']:.2f})")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
     return 0
