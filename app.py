@@ -143,8 +143,10 @@ class Workbench:
     """What the UI serves: models loaded lazily, once, and shared read-only by every session.
     Per-session results live in gr.State, never here."""
 
-    def __init__(self, model_name: str = "toy", data_dir: str | os.PathLike | None = None):
+    def __init__(self, model_name: str = "toy", data_dir: str | os.PathLike | None = None,
+                 saes_dir: str | os.PathLike | None = None):
         self.model_name = model_name
+        self.saes_dir = Path(saes_dir) if saes_dir else None  # None: the SAEs shipped for the model
         self._lock = threading.Lock()
         # Everything the app writes lives here, one folder per browser session (removed when it ends).
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.gettempdir()) / "interp-workbench"
@@ -161,13 +163,15 @@ class Workbench:
     def library(self):
         from saes.library import FeatureLibrary
 
+        if self.saes_dir is not None:
+            return FeatureLibrary(self.saes_dir)
         return FeatureLibrary.for_model(self.model_name)
 
     @functools.cached_property
     def analysis_images(self):
         from saes.library import PRETRAINED_DIR, load_analysis_images
 
-        return load_analysis_images(PRETRAINED_DIR / self.model_name)
+        return load_analysis_images(self.saes_dir or PRETRAINED_DIR / self.model_name)
 
     # ----- sessions, cancellation and uploads -----------------------------------------------------
     def session_dir(self, request: gr.Request | None, *parts: str) -> Path:
@@ -190,13 +194,14 @@ class Workbench:
         self._cancels[(session_key(request), action)] = event
         return event
 
-    def cancel(self, action: str):
-        """The Cancel button's handler for one action of the clicking session."""
+    def cancel(self, action: str, message: str | None = None):
+        """The Cancel button's handler for one action of the clicking session; returns `message` when given
+        (for a run whose stream the button also closes; a run that reports its own stop needs none)."""
         def cancel_action(request: gr.Request):
             event = self._cancels.get((session_key(request), action))
             if event is not None:
                 event.set()
-            return f"**Cancelling** {action}: it stops after the current step; finished results are kept."
+            return message
         return cancel_action
 
     def checked_upload(self, path, suffixes: tuple[str, ...]) -> Path:
@@ -412,15 +417,10 @@ class Workbench:
         return gr.update(choices=choices, value=[c[1] for c in choices[:2]])
 
     def riebench_saes(self, blocks: list[str]) -> dict | None:
+        """The library's SAEs of the chosen blocks (shared, read-only); the sae method names any missing."""
         if self.library is None:
             return None
-        from riebench.methods import load_saes
-        from saes.library import PRETRAINED_DIR
-
-        key = tuple(sorted(blocks))
-        if key not in self._saes:
-            self._saes[key] = load_saes(PRETRAINED_DIR / self.model_name, list(key))
-        return self._saes[key]
+        return {b: self.library.sae(b) for b in blocks if b in self.library.blocks} or None
 
     def riebench_outputs(self, results: list[dict], gallery: list, status: str):
         from riebench.report import category_table, tradeoff_curves, tradeoff_figure
@@ -757,13 +757,14 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                                                            color_mode="fixed"),
                                             height=300, sources=(), transforms=())
             with gr.Row():  # PNG: exact pixels, so original and edited compare exactly
-                original = gr.Image(label="Original", interactive=False, elem_id="paint-original", format="png")
-                edited = gr.Image(label="Edited", interactive=False, elem_id="paint-edited", format="png")
+                original = gr.Image(label="Original", interactive=False, elem_id="paint-original", format="png",
+                                    height=240)
+                edited = gr.Image(label="Edited", interactive=False, elem_id="paint-edited", format="png", height=240)
                 difference = gr.Image(label="Difference (x3)", interactive=False, elem_id="paint-difference",
-                                      format="png")
+                                      format="png", height=240)
                 painted = gr.Image(label="Painted region", interactive=False, elem_id="paint-region", format="png",
-                                   image_mode="L")
-                icon = gr.Image(label="Feature icon", interactive=False, elem_id="paint-icon-image")
+                                   image_mode="L", height=240)
+                icon = gr.Image(label="Feature icon", interactive=False, elem_id="paint-icon-image", height=240)
             p_info = gr.Markdown(elem_id="paint-info")
             load.click(bench.paint_canvas, [p_prompt, p_steps, p_seed], [region], api_name="paint_canvas")
             apply.click(bench.paint, [p_prompt, p_steps, p_seed, p_block, p_feature, p_search, p_strength, p_act,
@@ -851,7 +852,9 @@ def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
     category.change(bench.riebench_tasks_for, [category], [task_ids], queue=False, api_name=False)
     event = run.click(bench.riebench_run, [category, task_ids, method, k_trans, multiplier, run_blocks, variant],
                       [status, table, plot, gallery], api_name="riebench", concurrency_limit=1)
-    cancel.click(bench.cancel("riebench"), None, [status], cancels=[event], queue=False, api_name=False)
+    cancel.click(bench.cancel("riebench", "**Cancelled**: the run stops after the current edit; the results shown "
+                                          "are the tasks finished before it."),
+                 None, [status], cancels=[event], queue=False, api_name=False)
 
 
 def build_flowlens_tab(bench: Workbench) -> None:
@@ -949,7 +952,7 @@ def build_vcl_tab(bench: Workbench) -> None:
               concurrency_limit=1)
     # The run's own generator reports the clean stop (status, curves up to the last step), so the
     # button sets the session's Event and leaves the stream open until finetune returns.
-    cancel.click(bench.cancel("fine-tuning"), None, [status], queue=False, api_name=False)
+    cancel.click(bench.cancel("fine-tuning"), None, None, queue=False, api_name=False)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -962,11 +965,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--share", action="store_true", help="open a public Gradio link (off by default)")
     parser.add_argument("--data-dir", default=os.environ.get("WORKBENCH_DATA_DIR"),
                         help="where sessions write their runs (default: <temp>/interp-workbench)")
+    parser.add_argument("--saes", default=None,
+                        help="a directory with one SAE directory per block (sae-lens format) to use instead of "
+                             "the SAEs shipped for the model (saes/pretrained/<model>/)")
     args = parser.parse_args(argv)
-    bench = Workbench(args.model, args.data_dir)
+    bench = Workbench(args.model, args.data_dir, args.saes)
     try:
         bench.t2i  # load before serving: a missing model is reported here, not on the first click
     except ModelError as err:
+        raise SystemExit(f"error: {err}") from None
+    try:
+        bench.library  # a bad --saes directory is reported here too
+    except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     demo = build_ui(bench)
     demo.queue(default_concurrency_limit=2, max_size=64)

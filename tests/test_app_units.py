@@ -35,7 +35,7 @@ def test_session_folders_are_named_by_a_sanitised_session_hash_and_removed_at_th
 
 def test_cancel_sets_only_the_clicking_sessions_event(bench):
     mine, theirs = bench.start_action(Request("a"), "fine-tuning"), bench.start_action(Request("b"), "fine-tuning")
-    assert "Cancelling" in bench.cancel("fine-tuning")(Request("a"))
+    assert bench.cancel("fine-tuning", "stopping")(Request("a")) == "stopping"
     assert mine.is_set() and not theirs.is_set()
 
 
@@ -111,3 +111,10 @@ def test_runner_reports_each_result_and_stops_cleanly_when_cancelled(tmp_path):
     assert [r["task"] for r in done] == [tasks.tasks[0].id]
     resumed = Runner(cfg, tmp_path, model=random_model(), suite=tasks, progress=False).run()
     assert resumed == {"done": 2, "already_done": 1, "failed": 0}  # a cancelled run resumes where it stopped
+
+
+def test_the_sae_method_without_saes_says_which_methods_can_run(tmp_path):
+    bench = Workbench("/no/such/model", data_dir=tmp_path)  # no SAEs; the model is never loaded
+    with pytest.raises(gr.Error, match="needs SAEs.*activation-diff, neurons or prompt-swap"):
+        list(bench.riebench_run("change shape", ["change-shape-000"], "sae", 5, 1.0, ["mid_block.attentions.0"],
+                                "static"))
