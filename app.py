@@ -9,14 +9,12 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
-import json
 import os
 import queue
 import re
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import gradio as gr
@@ -106,7 +104,7 @@ def finite_number(value, name: str) -> float:
     return float(value)
 
 
-def run_in_thread(work, on_event=None):
+def run_in_thread(work) -> queue.Queue:
     """Start `work(emit)` in a daemon thread; returns a queue of ("event", x), then ("done", result) or
     ("error", exception). Long actions run there so the generator can stream progress meanwhile."""
     events: queue.Queue = queue.Queue()
@@ -552,8 +550,11 @@ class Workbench:
         prompts = self.flowlens_prompts(source, upload, n_prompts)
         names = list(dict.fromkeys(models + ([reference] if reference else [])))
         residuals, stripped = {}, {}
+        unchanged = gr.update()
         for i, name in enumerate(names):
             progress((i, len(names)), desc=f"residuals of {name}", unit="model")
+            # a stream, so that Cancel (which closes it) stops the analysis between models
+            yield f"Residuals of {name} ({i + 1} of {len(names)}) on {len(prompts)} prompts…", *[unchanged] * 3
             lm = self.lm(name)
             template = bool(getattr(lm.tokenizer, "chat_template", None))
             residuals[name] = last_token_residuals(lm, prompts, chat_template=template).numpy()
@@ -571,13 +572,14 @@ class Workbench:
             ratio = ", ".join(f"{v:.2f}" for v in r["stacked"]["explained_variance_ratio"])
             line = f"- **{name}**: {r['n_layers']} layers, width {r['width']}; stacked PCA explains {ratio}"
             if "alignment" in r:
-                line += f"; mean alignment of PC1 with {reference}: {np.mean([s[0] for s in r['alignment']['score']]):.3f}"
+                pc1 = np.mean([score[0] for score in r["alignment"]["score"]])
+                line += f"; mean alignment of PC1 with {reference}: {pc1:.3f}"
             if "pc1_stability" in r:
                 line += f"; PC1 stability without trailing punctuation: {r['pc1_stability']['overall']:.3f}"
             lines.append(line)
         if not reference:
             lines.append("\nChoose a reference model to see the alignment score.")
-        return "\n".join(lines), figures["concentration"], figures["projections"], figures.get("alignment")
+        yield "\n".join(lines), figures["concentration"], figures["projections"], figures.get("alignment")
 
     @user_errors
     def diversity(self, upload, selection: str):
@@ -880,15 +882,19 @@ def build_flowlens_tab(bench: Workbench) -> None:
                 components = gr.Number(value=3, precision=0, minimum=1, maximum=64, label="Principal components",
                                        elem_id="flowlens-k")
             stability = gr.Checkbox(False, label="PC1 stability without trailing punctuation")
-            run = gr.Button("Analyse", variant="primary", elem_id="flowlens-run")
+            with gr.Row():
+                run = gr.Button("Analyse", variant="primary", elem_id="flowlens-run")
+                cancel = gr.Button("Cancel", variant="stop", elem_id="flowlens-cancel")
         with gr.Column(scale=2):
             summary = gr.Markdown(elem_id="flowlens-summary")
             concentration = gr.Plot(label="Concentration per layer", elem_id="flowlens-concentration")
     with gr.Row():
         projections = gr.Plot(label="Projections along depth", elem_id="flowlens-projections")
         alignment = gr.Plot(label="Alignment with the reference", elem_id="flowlens-alignment")
-    run.click(bench.flowlens_run, [chosen, reference, source, upload, n_prompts, components, stability],
-              [summary, concentration, projections, alignment], api_name="flowlens", concurrency_limit=2)
+    event = run.click(bench.flowlens_run, [chosen, reference, source, upload, n_prompts, components, stability],
+                      [summary, concentration, projections, alignment], api_name="flowlens", concurrency_limit=2)
+    cancel.click(lambda: "**Cancelled**: the analysis stops after the current model.", None, [summary],
+                 cancels=[event], queue=False, api_name=False)
     gr.Markdown("### Lexical diversity of a data set")
     with gr.Row():
         data = gr.File(label="Instruction data (JSONL: prompt/query/instruction and completion/response/output; "

@@ -27,7 +27,8 @@ MODEL = os.environ.get("WORKBENCH_MODEL", "toy")
 SHIPPED_SAES = "/" not in MODEL and any((ROOT / "saes" / "pretrained" / MODEL).glob("*/cfg.json"))
 BROWSER_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt install chromium)")
+NO_CHROMIUM = "Debian's chromium is not installed (apt install chromium)"
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)
 
 
 def free_port() -> int:
@@ -274,7 +275,7 @@ def test_flowlens_on_an_uploaded_prompt_file_draws_every_plot(app_url, tmp_path)
 @pytest.fixture(scope="module")
 def browser():
     if CHROMIUM is None:
-        pytest.skip("Debian's chromium is not installed (apt install chromium)")
+        pytest.skip(NO_CHROMIUM)
     from playwright.sync_api import sync_playwright
 
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
