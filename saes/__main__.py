@@ -145,7 +145,15 @@ def _load_model(args):
     from interp.models import load_t2i
 
     torch.set_num_threads(args.threads)
-    return load_t2i(args.model, device=getattr(args, "device", None))
+    model = load_t2i(args.model, device=getattr(args, "device", None))
+    # --steps / --guidance replace the model's defaults for every generation of the command
+    # (a pipeline directory outside the known names defaults to 30 steps with guidance).
+    if getattr(args, "steps", None) is not None:
+        model.check_request(args.steps)
+        model.default_steps = args.steps
+    if getattr(args, "guidance", None) is not None:
+        model.default_guidance = float(args.guidance)
+    return model
 
 
 def _model_block(model, block: str) -> str:
@@ -291,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--model", default=None, help="toy, sdxl-turbo, ... : also measure splice-in fidelity")
     ev.add_argument("--fidelity-images", type=int, default=32, help="images generated for splice fidelity")
     ev.add_argument("--steps", type=int, default=None, help="denoising steps (default: the store's, else the model's)")
+    ev.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     ev.add_argument("--block", default=None, help="default: the block the SAE was trained on")
     ev.add_argument("--tokens", type=int, default=None, help="evaluate on at most this many vectors")
     ev.add_argument("--batch-size", type=int, default=4096)
@@ -309,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
     fe.add_argument("--images", type=int, default=400, help="with --store: how many of its images")
     fe.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    fe.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     fe.add_argument("--top", type=int, default=6, help="top-activating images per feature")
     fe.add_argument("--label-min-auroc", type=float, default=0.7, help="AUROC a label needs")
     fe.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
@@ -322,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     re_.add_argument("--model", default="toy")
     re_.add_argument("--root", required=True, help="directory with one SAE per block (e.g. saes/pretrained/toy)")
     re_.add_argument("--features-summary", default=None, help="features_summary.json of `python -m saes features`")
+    re_.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    re_.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     re_.add_argument("--store", default=None, help="the training activation store: dead features over all of it")
     re_.add_argument("--eval-images", type=int, default=500, help="fresh images for EV, L0, dead features")
     re_.add_argument("--fidelity-images", type=int, default=64, help="images for splice fidelity")
