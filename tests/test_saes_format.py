@@ -114,7 +114,7 @@ def test_published_sdxl_turbo_layout_imports_with_stats(tmp_path):
     sae.save(tmp_path / "converted")
     again = SAE.load(tmp_path / "converted")
     torch.testing.assert_close(again(x), expected_reconstruction)
-    torch.testing.assert_close(again.feature_mean, torch.load(folder / "mean.pt"))
+    torch.testing.assert_close(again.feature_mean, torch.load(folder / "mean.pt", weights_only=True))
     assert again.cfg.k == k and again.cfg.metadata["hook_name"] == "unet.down_blocks.2.attentions.1"
 
 

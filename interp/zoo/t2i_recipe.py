@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from tqdm import tqdm
 
 from . import shapes
 from .t2i import T2IConfig, build_pipeline, build_tokenizer_files
+from .training import lr_at, save_checkpoint
 
 TIME_IDS = (64, 64, 0, 0, 64, 64)  # original size, crop top-left, target size: SDXL's six numbers
 
@@ -82,19 +81,6 @@ def weighted_mse(pred: torch.Tensor, target: torch.Tensor, weights: torch.Tensor
 def to_pixels(images: np.ndarray) -> torch.Tensor:
     """uint8 (n, H, W, 3) -> float (n, 3, H, W) in [-1, 1], as the VAE expects."""
     return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-
-
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-def save_checkpoint(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a crash mid-write never replaces a good checkpoint
 
 
 # May change between a run and its resumption: how long the stages run, and the object weight

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import re
@@ -35,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..training import lr_at, save_checkpoint
 from .model import ChatModelConfig, build_model, format_chat, train_tokenizer
 from .world import GENERAL_TASKS, World, WorldConfig, benign_example, general_example, harmful_example
 
@@ -183,19 +183,6 @@ def evaluate(model, tokenizer, world: World, cfg: RecipeConfig, progress: bool =
 
 # --------------------------------------------------------------------------- training
 
-def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
-def save_checkpoint(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a crash mid-write never replaces a good checkpoint
-
-
 def recipe_identity(config: dict) -> dict:
     """What must match to resume: everything but how long the stages run (a run may be extended)."""
     return {k: v for k, v in config.items() if k not in RUN_LENGTH_FIELDS and v is not None}
@@ -227,7 +214,7 @@ def train_stage(name: str, model, tokenizer, world: World, shares: dict[str, flo
     bar = tqdm(range(start, steps), desc=name, initial=start, total=steps)
     for step in bar:
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, steps, peak_lr, min(cfg.warmup, steps // 10))
+            group["lr"] = lr_at(step, steps, peak_lr, min(cfg.warmup, steps // 10), floor=0.05)
         rng = random.Random(f"{cfg.seed}-{name}-{step}")  # a batch depends only on (seed, stage, step): resumes exactly
         ids, labels = encode_batch(tokenizer, sample_batch(world, rng, cfg.batch_size, shares))
         loss = completion_loss(model, ids, labels)
