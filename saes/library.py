@@ -107,15 +107,26 @@ class FeatureLibrary:
 
     # ----- explaining an image --------------------------------------------------------------
     def top_features(self, updates: dict[str, torch.Tensor], n: int = 8) -> dict[str, list[dict]]:
-        """For each block's update (channels, height, width): the n features with the largest
-        total activation over positions, each with its heatmap (height, width)."""
+        """For each block's update (channels, height, width): the n features most specific to this
+        image, each with its heatmap (height, width).
+
+        Specific: total activation over positions divided by what the feature gives a typical
+        image (frequency x mean activation x positions, from its card), so that dense features
+        that fire everywhere do not crowd out the ones this image is about. Without cards: the
+        largest total activation."""
         result = {}
         for block, update in updates.items():
             sae = self.sae(block)
             c, h, w = update.shape
             latents = sae.encode(update.reshape(c, h * w).T.to(sae.W_enc.dtype).float())  # (positions, features)
             total = latents.sum(0)
-            top = torch.argsort(total, descending=True)[:n]
+            score = total
+            cards = self.cards(block)
+            if len(cards) == sae.cfg.d_sae:
+                typical = torch.tensor([(c.get("frequency") or 0.0) * (c.get("mean_activation") or 0.0)
+                                        for c in cards]) * h * w
+                score = total / typical.clamp_min(1e-3 * float(typical.max().clamp_min(1e-6)))
+            top = torch.argsort(score, descending=True)[:n]
             result[block] = [
                 {"id": int(f), "total": float(total[f]), "max": float(latents[:, f].max()),
                  "label": self.card(block, int(f)).get("label"),
