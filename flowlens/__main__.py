@@ -11,38 +11,24 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Residual geometry, lexical diversity, refusals and VCL fine-tuning.")
     commands = parser.add_subparsers(dest="command", required=True)
 
+    from .analyze import add_analyze_arguments, analyze_command
     from .diversity import add_diversity_arguments, diversity_command
+    from .finetune import add_vcl_arguments, vcl_command
+    from .refusals import add_refusals_arguments, refusals_command
 
-    diversity = commands.add_parser("diversity", help="lexical diversity (H1-H3, distinct-n, unique-n, MSTTR) of JSONL data")
-    add_diversity_arguments(diversity)
-    diversity.set_defaults(run=diversity_command)
-
-    try:
-        from .finetune import add_vcl_arguments, vcl_command
-    except ImportError:
-        pass
-    else:
-        vcl = commands.add_parser("vcl", help="supervised fine-tuning with the Variance Concentration Loss (resumable)")
-        add_vcl_arguments(vcl)
-        vcl.set_defaults(run=vcl_command)
-
-    try:
-        from .refusals import add_refusals_arguments, refusals_command
-    except ImportError:
-        pass
-    else:
-        refusals = commands.add_parser("refusals", help="false-refusal, harmful-refusal and task-accuracy evaluation")
-        add_refusals_arguments(refusals)
-        refusals.set_defaults(run=refusals_command)
-
-    try:
-        from .analyze import add_analyze_arguments, analyze_command
-    except ImportError:
-        pass
-    else:
-        analyze = commands.add_parser("analyze", help="PCA geometry of residuals at the last prompt token, layer by layer")
-        add_analyze_arguments(analyze)
-        analyze.set_defaults(run=analyze_command)
+    for name, help_text, add_arguments, command in (
+        ("diversity", "lexical diversity (H1-H3, distinct-n, unique-n, MSTTR) of JSONL data",
+         add_diversity_arguments, diversity_command),
+        ("vcl", "supervised fine-tuning with the Variance Concentration Loss (resumable)", add_vcl_arguments,
+         vcl_command),
+        ("refusals", "false-refusal, harmful-refusal and task-accuracy evaluation", add_refusals_arguments,
+         refusals_command),
+        ("analyze", "PCA geometry of residuals at the last prompt token, layer by layer", add_analyze_arguments,
+         analyze_command),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        add_arguments(sub)
+        sub.set_defaults(run=command)
 
     args = parser.parse_args(argv)
     try:

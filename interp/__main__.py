@@ -42,14 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     blocks = commands.add_parser("blocks", help="list a model's hookable blocks, channels and sizes")
     blocks.add_argument("--model", default="toy")
     blocks.set_defaults(run=_blocks)
-    try:
-        from .store import add_collect_arguments, collect_command
-    except ImportError:
-        pass
-    else:
-        collect = commands.add_parser("collect", help="record block updates into an activation store (resumable)")
-        add_collect_arguments(collect)
-        collect.set_defaults(run=collect_command)
+    from .store import add_collect_arguments, collect_command
+
+    collect = commands.add_parser("collect", help="record block updates into an activation store (resumable)")
+    add_collect_arguments(collect)
+    collect.set_defaults(run=collect_command)
     args = parser.parse_args(argv)
     from .models import ModelError
 

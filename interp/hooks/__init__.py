@@ -23,10 +23,9 @@ __all__ = [
     "hookable_blocks", "private_pipeline", "resolve_blocks", "run_pipeline",
 ]
 
-try:  # the language-model side lives in its own module
-    from . import lm  # noqa: F401
-    from .lm import *  # noqa: F401,F403
-    from .lm import __all__ as _lm_all
-    __all__ += list(_lm_all)
-except ImportError:
-    pass
+# The language-model side lives in its own module.
+from . import lm  # noqa: E402,F401
+from .lm import *  # noqa: E402,F401,F403
+from .lm import __all__ as _lm_all  # noqa: E402
+
+__all__ += list(_lm_all)

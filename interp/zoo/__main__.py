@@ -14,12 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     models = train.add_subparsers(dest="model", required=True)
     from . import t2i_recipe
     t2i_recipe.add_arguments(models.add_parser("t2i", help="the SDXL-built text-to-image model of the shapes world"))
-    try:
-        from .chat import recipe as chat_recipe
-    except ImportError:
-        chat_recipe = None
-    if chat_recipe is not None and hasattr(chat_recipe, "add_arguments"):
-        chat_recipe.add_arguments(models.add_parser("chat", help="the chat language model of the instruction world"))
+    from .chat import recipe as chat_recipe
+    chat_recipe.add_arguments(models.add_parser("chat", help="the chat language model of the instruction world"))
     evaluate = commands.add_parser("evaluate", help="probe accuracy of the text-to-image model on held-out captions")
     evaluate.add_argument("--model", default="toy", help="model name or directory (default: the embedded toy model)")
     evaluate.add_argument("--n", type=int, default=500, help="generations per object count")
