@@ -15,15 +15,18 @@ import re
 import shutil
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
 
+from interp.hooks.diffusion import Cancelled, on_each_step
 from interp.models import ModelError, load_t2i
 
 DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped star in the center on a white background"
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError)  # ModelError, EditError, LibraryError... are ValueErrors
+# ModelError, EditError, LibraryError... are ValueErrors; Cancelled is the user's own stop, reported as such.
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, Cancelled)
 
 
 UPLOAD_LIMIT_BYTES = 2_000_000   # per uploaded data file (launch's max_file_size is the hard cap)
@@ -192,6 +195,35 @@ class Workbench:
         self._cancels[(session_key(request), action)] = event
         return event
 
+    @contextmanager
+    def interruptible(self, request: gr.Request | None, action: str, progress=None):
+        """Every generation inside is one cancellable action of the session: its Cancel button stops it
+        between two denoising steps (the UI shows "cancelled"), and `progress` follows the steps."""
+        event = self.start_action(request, action)
+
+        def each_step(done: int, total: int) -> None:
+            if event.is_set():
+                raise Cancelled(f"{action}: cancelled")
+            if progress is not None:
+                progress((done, total), desc=action, unit="step")
+
+        with on_each_step(each_step):
+            yield
+
+    def image_file(self, request: gr.Request | None, image, slot: str) -> str:
+        """The image as a PNG in the session's folder, replaced atomically, one file per output slot. Served
+        from a file, Gradio copies it into its cache atomically; handed a PIL image or an array, it writes
+        the cache file in place, so two sessions that get the same pixels at the same moment can read each
+        other's half-written file."""
+        from PIL import Image
+
+        directory = self.session_dir(request, "images")
+        image = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
+        partial = directory / f".{slot}.{threading.get_ident()}.png"
+        image.save(partial, format="PNG")
+        os.replace(partial, directory / f"{slot}.png")
+        return str(directory / f"{slot}.png")
+
     def cancel(self, action: str, message: str | None = None):
         """The Cancel button's handler for one action of the clicking session; returns `message` when given
         (for a run whose stream the button also closes; a run that reports its own stop needs none)."""
@@ -235,25 +267,30 @@ class Workbench:
         return int(seed)
 
     @user_errors
-    def generate(self, prompt: str, steps: float, seed: float):
+    def generate(self, prompt: str, steps: float, seed: float, request: gr.Request = None,
+                 progress=gr.Progress()):
         steps, seed = int(steps or 0), self._check_seed(seed)
-        image = self.t2i.generate(prompt, steps=steps, seed=seed)[0]
-        return image, f"{self.model_name}, {steps} step(s), seed {seed}"
+        with self.interruptible(request, "generate", progress):
+            image = self.t2i.generate(prompt, steps=steps, seed=seed)[0]
+        return self.image_file(request, image, "image"), f"{self.model_name}, {steps} step(s), seed {seed}"
 
     @user_errors
-    def explore(self, prompt: str, steps: float, seed: float):
+    def explore(self, prompt: str, steps: float, seed: float, request: gr.Request = None,
+                progress=gr.Progress()):
         """Generate, then name the top SAE features of each block with their heatmaps."""
         steps, seed = int(steps or 0), self._check_seed(seed)
         info = f"{self.model_name}, {steps} step(s), seed {seed}"
-        if self.library is None:
-            image = self.t2i.generate(prompt, steps=steps, seed=seed)[0]
-            return image, info, {}, gr.update(choices=[], value=None), None, ""
-        image, tops = self.library.explain(self.t2i, prompt, seed=seed, steps=steps)
+        with self.interruptible(request, "generate", progress):
+            if self.library is None:
+                image = self.t2i.generate(prompt, steps=steps, seed=seed)[0]
+                return self.image_file(request, image, "image"), info, {}, gr.update(choices=[], value=None), None, ""
+            image, tops = self.library.explain(self.t2i, prompt, seed=seed, steps=steps)
         state = {"image": np.asarray(image), "features": tops}
         choices = [self._feature_choice(b, f) for b, feats in tops.items() for f in feats]
         first = choices[0] if choices else None
-        overlay, card = self.show_heatmap(state, first)
-        return image, info, state, gr.update(choices=choices, value=first), overlay, card
+        overlay, card = self.show_heatmap(state, first, request)
+        return (self.image_file(request, image, "image"), info, state, gr.update(choices=choices, value=first),
+                overlay, card)
 
     @staticmethod
     def _feature_choice(block: str, feature: dict) -> str:
@@ -265,7 +302,7 @@ class Workbench:
         block, _, rest = choice.partition(" #")
         return block, int(rest.split(" ")[0])
 
-    def show_heatmap(self, state: dict, choice: str | None):
+    def show_heatmap(self, state: dict, choice: str | None, request: gr.Request = None):
         """Switch the heatmap shown: no model work, from the session's state."""
         from saes.library import heatmap_overlay
 
@@ -279,7 +316,7 @@ class Workbench:
                 + f"; activation here: max {feature['max']:.2f}, total {feature['total']:.1f}"
                 + (f"; fires on {100 * card['frequency']:.2f}% of positions" if card.get("frequency") is not None else "")
                 + ". Open it in the Features tab for its top images.")
-        return heatmap_overlay(state["image"], feature["heatmap"]), text
+        return self.image_file(request, heatmap_overlay(state["image"], feature["heatmap"]), "heatmap"), text
 
     # ----- paint --------------------------------------------------------------------------------
     def feature_from(self, block: str, feature, search: str) -> int:
@@ -295,15 +332,18 @@ class Workbench:
 
     @user_errors
     def paint(self, prompt: str, steps: float, seed: float, block: str, feature, search: str, strength: float,
-              act_steps: str, region):
+              act_steps: str, region, request: gr.Request = None, progress=gr.Progress()):
         steps, seed = int(steps or 0), self._check_seed(seed)
         self.t2i.check_request(steps)
         feature = self.feature_from(block, feature, search)
         mask = self._painted_mask(region)
-        result = self.require_library().paint(self.t2i, prompt, seed, block, feature, float(strength), mask=mask,
-                                              steps=steps, act_steps=parse_steps(act_steps, steps))
+        with self.interruptible(request, "paint", progress):
+            result = self.require_library().paint(self.t2i, prompt, seed, block, feature, float(strength), mask=mask,
+                                                  steps=steps, act_steps=parse_steps(act_steps, steps))
         where = "inside the painted region" if mask is not None else "everywhere"
-        return (result.original, result.edited, result.difference, self._region_image(mask, result.original),
+        images = {"original": result.original, "edited": result.edited, "difference": result.difference,
+                  "region": self._region_image(mask, result.original)}
+        return (*[self.image_file(request, image, f"paint-{slot}") for slot, image in images.items()],
                 f"{block} feature {feature} at {strength:+g} x its mean activation, {where}, "
                 f"steps {act_steps or 'all'}")
 
@@ -340,18 +380,22 @@ class Workbench:
         return painted if painted is not None and painted.any() else None
 
     @user_errors
-    def paint_canvas(self, prompt: str, steps: float, seed: float):
+    def paint_canvas(self, prompt: str, steps: float, seed: float, request: gr.Request = None,
+                     progress=gr.Progress()):
         """The image to paint on: the prompt's generation."""
         steps, seed = int(steps or 0), self._check_seed(seed)
-        image = self.t2i.generate(prompt, steps=steps, seed=seed)[0]
+        with self.interruptible(request, "paint", progress):
+            image = self.t2i.generate(prompt, steps=steps, seed=seed)[0]
         big = image.resize((image.width * 4, image.height * 4), 0)
         return {"background": big, "layers": [], "composite": big}
 
     @user_errors
-    def feature_icon(self, block: str, feature, search: str, strength: float):
+    def feature_icon(self, block: str, feature, search: str, strength: float, request: gr.Request = None,
+                     progress=gr.Progress()):
         feature = self.feature_from(block, feature, search)
-        icon = self.require_library().feature_icon(self.t2i, block, feature, strength=max(1.0, abs(strength)))
-        return icon, f"{block} feature {feature} alone, on an empty prompt"
+        with self.interruptible(request, "paint", progress):
+            icon = self.require_library().feature_icon(self.t2i, block, feature, strength=max(1.0, abs(strength)))
+        return self.image_file(request, icon, "paint-icon"), f"{block} feature {feature} alone, on an empty prompt"
 
     # ----- features -----------------------------------------------------------------------------
     @user_errors
@@ -709,7 +753,9 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                         steps = gr.Number(label="Steps", value=bench.t2i.default_steps, precision=0, minimum=1,
                                           maximum=1000, elem_id="steps")
                         seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, elem_id="seed")
-                    run = gr.Button("Generate", variant="primary", elem_id="generate-button")
+                    with gr.Row():
+                        run = gr.Button("Generate", variant="primary", elem_id="generate-button")
+                        stop = gr.Button("Cancel", elem_id="generate-cancel")
                     info = gr.Markdown(elem_id="generate-info")
                 with gr.Column():
                     image = gr.Image(label="Image", type="pil", image_mode="RGB", elem_id="image", format="png",
@@ -719,8 +765,11 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                                                  elem_id="feature-choice")
                     heatmap = gr.Image(label="Heatmap", interactive=False, elem_id="heatmap", height=320)
                     feature_text = gr.Markdown(elem_id="feature-text")
-            run.click(bench.explore, [prompt, steps, seed], [image, info, explore_state, feature_choice, heatmap,
-                                                             feature_text], api_name="explore", concurrency_limit=2)
+            explored = run.click(bench.explore, [prompt, steps, seed], [image, info, explore_state, feature_choice,
+                                                                        heatmap, feature_text], api_name="explore",
+                                 concurrency_limit=2)
+            stop.click(bench.cancel("generate", "**Cancelled**"), None, [info], cancels=[explored], queue=False,
+                       api_name=False)
             feature_choice.change(bench.show_heatmap, [explore_state, feature_choice], [heatmap, feature_text],
                                   api_name=False, queue=False)
             gen_api = gr.Button(visible=False)
@@ -753,6 +802,7 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                     with gr.Row():
                         apply = gr.Button("Apply", variant="primary", elem_id="paint-apply")
                         icon_btn = gr.Button("Feature icon", elem_id="paint-icon")
+                        p_stop = gr.Button("Cancel", elem_id="paint-cancel")
                 with gr.Column():
                     region = gr.ImageEditor(label="Paint the region", type="numpy", elem_id="paint-canvas",
                                             brush=gr.Brush(default_size=24, colors=["#ff00ff"],
@@ -768,12 +818,14 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                                    image_mode="L", height=240)
                 icon = gr.Image(label="Feature icon", interactive=False, elem_id="paint-icon-image", height=240)
             p_info = gr.Markdown(elem_id="paint-info")
-            load.click(bench.paint_canvas, [p_prompt, p_steps, p_seed], [region], api_name="paint_canvas")
-            apply.click(bench.paint, [p_prompt, p_steps, p_seed, p_block, p_feature, p_search, p_strength, p_act,
-                                      region], [original, edited, difference, painted, p_info], api_name="paint",
-                        concurrency_limit=2)
-            icon_btn.click(bench.feature_icon, [p_block, p_feature, p_search, p_strength], [icon, p_info],
-                           api_name="feature_icon")
+            loaded = load.click(bench.paint_canvas, [p_prompt, p_steps, p_seed], [region], api_name="paint_canvas")
+            applied = apply.click(bench.paint, [p_prompt, p_steps, p_seed, p_block, p_feature, p_search, p_strength,
+                                                p_act, region], [original, edited, difference, painted, p_info],
+                                  api_name="paint", concurrency_limit=2)
+            drawn = icon_btn.click(bench.feature_icon, [p_block, p_feature, p_search, p_strength], [icon, p_info],
+                                   api_name="feature_icon")
+            p_stop.click(bench.cancel("paint", "**Cancelled**"), None, [p_info], cancels=[loaded, applied, drawn],
+                         queue=False, api_name=False)
 
         with gr.Tab("Features", id="features"):
             if not library_blocks:

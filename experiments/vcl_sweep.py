@@ -7,7 +7,7 @@ requests answered by refusals, at safety ratio r. A plain-SFT run is the same ru
 The full product (3 ratios x k x lambda x window x sign x seeds) does not fit the CPU this was
 run on, so the grid is one factor at a time around a default (k=2, lambda=1, window [0.3, 0.5],
 penalize): the main comparison (plain SFT and the default, 3 seeds, every ratio) runs first, then
-the one-factor cells with one seed. The embedded model has 4 layers (normalised depths 0, 1/3,
+the one-factor cells with seed 0, then their seeds 1 and 2: every cell ends with 3 seeds. The embedded model has 4 layers (normalised depths 0, 1/3,
 2/3, 1), so the windows are [0, 0.2] (layer 0), [0.3, 0.5] (layer 1) and [0.6, 0.8] (layer 2);
 the study's [0.1, 0.3] holds no layer of a 4-layer model.
 
@@ -34,9 +34,10 @@ RATIOS = (0.1, 0.2, 0.4)
 MAIN_SEEDS = (0, 1, 2)
 DEFAULT = {"k": 2, "weight": 1.0, "window": (0.3, 0.5), "sign": "penalize"}
 VARIATIONS = {"k": (1, 4), "weight": (0.1, 10.0), "window": ((0.0, 0.2), (0.6, 0.8)), "sign": ("encourage",)}
-# One-factor cells that looked best on one seed at ratio 0.2, rerun with the other seeds at every ratio
-# (chosen after the one-factor pass: the single-seed differences were within the seed spread).
-CONFIRM = ({"k": 4}, {"window": (0.6, 0.8)})
+# One-factor cells rerun with the other seeds at every ratio. The first two (best on one seed at ratio 0.2)
+# ran first; the rest followed so that every cell of the grid has all of MAIN_SEEDS.
+CONFIRM = ({"k": 4}, {"window": (0.6, 0.8)},
+           {"k": 1}, {"weight": 0.1}, {"weight": 10.0}, {"window": (0.0, 0.2)}, {"sign": "encourage"})
 # Short runs: the CPU was shared by several jobs. Constant lr (flowlens.finetune has no schedule).
 STEPS, BATCH, LR, N_DATA = 50, 32, 1e-3, 2000
 

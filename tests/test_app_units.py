@@ -39,6 +39,32 @@ def test_cancel_sets_only_the_clicking_sessions_event(bench):
     assert mine.is_set() and not theirs.is_set()
 
 
+def test_cancel_stops_a_generation_between_two_steps_with_a_message(bench):
+    request, seen = Request("a"), []
+
+    def progress(value, desc=None, unit=None):
+        seen.append(value)
+        if value[0] == 1:
+            bench.cancel("generate")(request)  # the Cancel button, clicked during step 2
+
+    with pytest.raises(gr.Error, match="cancelled"):
+        bench.generate("a red circle", 4, 0, request, progress)
+    assert seen == [(0, 4), (1, 4)]
+    path, _ = bench.generate("a red circle", 4, 0, request, progress=lambda *a, **k: None)  # usable again
+    assert Path(path).exists()
+
+
+def test_images_are_served_from_the_session_folder_with_their_exact_pixels(bench):
+    import numpy as np
+    from PIL import Image
+
+    path, _ = bench.generate("a red circle", 1, 3, Request("s1"), progress=lambda *a, **k: None)
+    assert Path(path).resolve().is_relative_to((bench.data_dir / "sessions" / "s1").resolve())
+    direct = bench.t2i.generate("a red circle", steps=1, seed=3)[0]
+    assert np.array_equal(np.asarray(Image.open(path).convert("RGB")), np.asarray(direct))
+    assert not list(Path(path).parent.glob(".*"))  # no partial file left behind
+
+
 def test_uploads_outside_the_upload_folder_or_of_the_wrong_type_or_size_are_refused(bench, tmp_path):
     outside = tmp_path / "elsewhere.jsonl"
     outside.write_text('{"prompt": "a"}\n')

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from interp.edits import Edit, EditError
-from interp.hooks import HookError, apply_edits, capture_updates, generate, hookable_blocks, run_pipeline
+from interp.hooks import (Cancelled, HookError, apply_edits, capture_updates, generate, hookable_blocks,
+                          on_each_step, run_pipeline)
 from interp.models.t2i import SDXL_BLOCKS
 
 MID = "mid_block.attentions.0"
@@ -204,3 +205,23 @@ def test_run_pipeline_leaves_the_shared_scheduler_untouched(model):
                  output_type="latent")
     after = model.pipe.scheduler.timesteps
     assert (before is None and after is None) or torch.equal(before, after)
+
+
+def test_step_callback_sees_every_step_of_this_context_only_and_can_stop_between_steps(model):
+    seen, other = [], []
+    worker = threading.Thread(target=lambda: other.append(generate(model, "a blue square", steps=3, seed=1,
+                                                                   output_type="latent")))
+    with on_each_step(lambda done, total: seen.append((done, total))):
+        worker.start()  # a generation in another thread is not reported here
+        generate(model, "a red circle", steps=3, seed=0, output_type="latent")
+        worker.join()
+    assert seen == [(0, 3), (1, 3), (2, 3), (3, 3)] and len(other) == 1
+
+    def stop_after_one(done, total):
+        if done == 2:
+            raise Cancelled("stop")
+
+    with capture_updates(model, [MID]) as cap, on_each_step(stop_after_one), pytest.raises(Cancelled):
+        generate(model, "a red circle", steps=4, seed=0, output_type="latent")
+    assert cap.updates(MID).shape[0] == 2  # two U-Net calls ran, the third never started
+    assert _no_hooks_left(model.unet)

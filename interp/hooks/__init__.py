@@ -6,6 +6,7 @@ during generation. Language models: `interp.hooks.lm`.
 
 from .diffusion import (
     BlockCapture,
+    Cancelled,
     EditSession,
     HookError,
     StepRecord,
@@ -13,14 +14,15 @@ from .diffusion import (
     capture_updates,
     generate,
     hookable_blocks,
+    on_each_step,
     private_pipeline,
     resolve_blocks,
     run_pipeline,
 )
 
 __all__ = [
-    "BlockCapture", "EditSession", "HookError", "StepRecord", "apply_edits", "capture_updates", "generate",
-    "hookable_blocks", "private_pipeline", "resolve_blocks", "run_pipeline",
+    "BlockCapture", "Cancelled", "EditSession", "HookError", "StepRecord", "apply_edits", "capture_updates",
+    "generate", "hookable_blocks", "on_each_step", "private_pipeline", "resolve_blocks", "run_pipeline",
 ]
 
 # The language-model side lives in its own module.

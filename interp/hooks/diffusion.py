@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -42,6 +44,10 @@ class HookError(ValueError):
     """A hook request that cannot be served (unknown block, missing half), with the valid choices."""
 
 
+class Cancelled(Exception):
+    """A generation stopped by its caller (see `on_each_step`) between two denoising steps."""
+
+
 @dataclass(frozen=True)
 class GenerationCall:
     """What a pipeline call tells the hooks that run inside it (set by `run_pipeline`)."""
@@ -53,6 +59,20 @@ class GenerationCall:
 _ACTIVE_SESSIONS: ContextVar[tuple] = ContextVar("interp_diffusion_sessions", default=())
 # The pipeline call in progress in the current context (None outside `run_pipeline`).
 _GENERATION_CALL: ContextVar[GenerationCall | None] = ContextVar("interp_generation_call", default=None)
+# Called as fn(done_steps, total_steps) before the first and after every denoising step of each pipeline call
+# made in the current context; it may raise `Cancelled` to stop the generation there.
+_STEP_CALLBACK: ContextVar[Callable[[int, int], None] | None] = ContextVar("interp_step_callback", default=None)
+
+
+@contextmanager
+def on_each_step(callback: Callable[[int, int], None]) -> Iterator[None]:
+    """Report progress and allow cancellation of every generation run inside the `with`, in this context
+    only (so a UI can stop one user's generation, however deep in the library it was started)."""
+    token = _STEP_CALLBACK.set(callback)
+    try:
+        yield
+    finally:
+        _STEP_CALLBACK.reset(token)
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -130,6 +150,16 @@ def private_pipeline(pipe):
 def run_pipeline(pipe, **call_kwargs):
     """Call the pipeline through a private copy (thread-safe) and tell active hooks about the call."""
     guidance = float(call_kwargs.get("guidance_scale", 5.0))
+    callback = _STEP_CALLBACK.get()
+    if callback is not None and "callback_on_step_end" not in call_kwargs:
+        total = int(call_kwargs.get("num_inference_steps") or 1)
+        callback(0, total)
+
+        def step_end(_pipe, step, _timestep, _tensors):
+            callback(step + 1, total)
+            return {}
+
+        call_kwargs["callback_on_step_end"] = step_end
     token = _GENERATION_CALL.set(GenerationCall(cfg=do_cfg(pipe, guidance)))
     try:
         return private_pipeline(pipe)(**call_kwargs)

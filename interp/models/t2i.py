@@ -180,7 +180,7 @@ def load_t2i(name_or_path: str = "toy", device: str | None = None, dtype: torch.
                          + (" (the embedded weights are missing: reinstall the repository or run "
                             "`python -m interp.zoo train t2i`)" if known and known.embedded else ""))
     try:
-        pipe = StableDiffusionXLPipeline.from_pretrained(source, torch_dtype=dtype,
+        pipe = StableDiffusionXLPipeline.from_pretrained(source, dtype=dtype,
                                                          local_files_only=local or not allow_download)
     except Exception as err:  # noqa: BLE001 - any failure to load becomes one clear message
         how = ("download it once with `huggingface-cli download " + source + "` (about 7 GB) or pass a local "
