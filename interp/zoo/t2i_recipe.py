@@ -88,16 +88,25 @@ def to_pixels(images: np.ndarray) -> torch.Tensor:
 RESUMABLE_CHANGES = ("vae_steps", "unet_steps", "checkpoint_every", "threads", "object_weight")
 
 
-def _recipe_identity(config: dict) -> dict:
-    """What must match to resume."""
-    return {k: v for k, v in json.loads(json.dumps(config)).items() if k not in RESUMABLE_CHANGES}
+# What the VAE stage depends on; the UNet stage depends on everything.
+VAE_FIELDS = ("seed", "n_scenes", "object_count_weights", "vae_batch", "vae_lr", "vae_kl_weight", "warmup")
+VAE_MODEL_FIELDS = ("image_size", "vae_channels", "latent_channels")
 
 
-def load_checkpoint(path: Path, cfg: RecipeConfig) -> dict | None:
+def _recipe_identity(config: dict, stage: str = "unet") -> dict:
+    """What must match to resume `stage`: a new UNet or scheduler setting keeps the trained VAE."""
+    config = {k: v for k, v in json.loads(json.dumps(config)).items() if k not in RESUMABLE_CHANGES}
+    if stage == "vae":
+        config = {k: config.get(k) for k in VAE_FIELDS} | {
+            "model": {k: config.get("model", {}).get(k) for k in VAE_MODEL_FIELDS}}
+    return config
+
+
+def load_checkpoint(path: Path, cfg: RecipeConfig, stage: str = "unet") -> dict | None:
     if not path.exists():
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if _recipe_identity(json.loads(state.get("config", "{}"))) != _recipe_identity(asdict(cfg)):
+    if _recipe_identity(json.loads(state.get("config", "{}")), stage) != _recipe_identity(asdict(cfg), stage):
         raise SystemExit(f"{path} was written by a different recipe configuration; "
                          f"use another --out or delete it to start over")
     return state
@@ -107,7 +116,7 @@ def train_vae(pipe, images: np.ndarray, masks: np.ndarray, cfg: RecipeConfig, ou
     vae = pipe.vae
     ckpt = out / "vae.ckpt"
     opt = torch.optim.AdamW(vae.parameters(), lr=cfg.vae_lr, weight_decay=0.0)
-    state = load_checkpoint(ckpt, cfg)
+    state = load_checkpoint(ckpt, cfg, "vae")
     start = 0
     if state is not None:
         vae.load_state_dict(state["vae"])
