@@ -7,7 +7,7 @@ from interp.zoo import t2i_recipe
 def train(out, unet_steps: int):
     parser = argparse.ArgumentParser()
     t2i_recipe.add_arguments(parser)
-    args = parser.parse_args(["--out", str(out), "--scenes", "32", "--vae-steps", "2", "--unet-steps", str(unet_steps),
+    args = parser.parse_args(["--out", str(out), "--scenes", "32", "--vae-steps", "2", "--decoder-steps", str(unet_steps), "--unet-steps", str(unet_steps),
                               "--batch", "4", "--checkpoint-every", "2", "--probe-every", "0", "--threads", "1"])
     t2i_recipe.main(args)
 
@@ -17,7 +17,7 @@ def test_recipe_trains_saves_a_loadable_pipeline_and_resumes(tmp_path):
     train(tmp_path, unet_steps=4)  # as after an interruption at step 2: picks up there, no step lost
     log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     resumed = [r for r in log if "resumed_at" in r]
-    assert {(r["stage"], r["resumed_at"]) for r in resumed} == {("vae", 2), ("unet", 2)}
+    assert {(r["stage"], r["resumed_at"]) for r in resumed} == {("vae", 2), ("decoder", 2), ("unet", 2)}
     from interp.models import load_t2i
 
     model = load_t2i(str(tmp_path / "pipeline"), device="cpu")
