@@ -51,7 +51,7 @@ class RecipeConfig:
     decoder_steps: int = 1000
     decoder_batch: int = 32
     decoder_lr: float = 1e-3
-    unet_steps: int = 8000
+    unet_steps: int = 6000
     unet_batch: int = 32
     unet_lr: float = 1.5e-3
     warmup: int = 200
