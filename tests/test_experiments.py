@@ -25,8 +25,12 @@ def test_vcl_grid_main_comparison_first_then_one_factor_cells():
     main = cells[:2 * len(RATIOS) * len(MAIN_SEEDS)]
     assert {(c.ratio, c.seed, c.vcl) for c in main} == {(r, s, v) for r in RATIOS for s in MAIN_SEEDS
                                                          for v in (False, True)}
-    confirm = {(c.ratio, c.seed, c.varied) for c in cells if c.seed != 0 and c.varied not in ("sft", "default")}
+    confirm = [c for c in cells if c.seed != 0 and c.varied not in ("sft", "default")]
     assert len(confirm) == len(RATIOS) * (len(MAIN_SEEDS) - 1) * len(CONFIRM)
+    settings = {}  # every cell of the grid ends with all of MAIN_SEEDS
+    for c in cells:
+        settings.setdefault(c.name.rsplit("-s", 1)[0], set()).add(c.seed)
+    assert all(seeds == set(MAIN_SEEDS) for seeds in settings.values())
     for cell in cells[len(main):]:
         changed = [k for k, v in DEFAULT.items() if getattr(cell, k) != v]
         assert len(changed) == 1 and cell.varied == changed[0]

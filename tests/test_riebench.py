@@ -325,9 +325,7 @@ def test_cli_reports_bad_input_without_a_traceback(capsys, tmp_path):
 @pytest.mark.skipif(not (WEIGHTS_DIR / "t2i" / "model_index.json").exists(),
                     reason="the embedded toy model's weights are not committed yet")
 def test_prompt_swap_reference_on_the_toy_model_mostly_succeeds(toy_t2i, tmp_path):
-    # Background edits only: the shipped weights do not yet place objects in their cells (README),
-    # so object categories cannot succeed even by prompt swap until the model is trained further.
-    tasks = suite().select(["change background"], 4)
+    tasks = suite().select(["change background", "change colour", "change shape", "move object"], 2)
     runner = Runner(RunConfig(configs=[MethodConfig("prompt-swap")]), tmp_path, model=toy_t2i, suite=tasks,
                     progress=False)
     assert runner.run()["failed"] == 0
