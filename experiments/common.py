@@ -86,6 +86,15 @@ def last_token_residuals(model_dir: str | Path, prompts: list[str]) -> np.ndarra
     return capture(lm, prompts, chat_template=True, batch_size=64).numpy()
 
 
+def reference_residuals(run_root: Path) -> np.ndarray:
+    """The base model's last-token residuals on the geometry prompts, computed once per experiment."""
+    path = run_root / "base_residuals.npy"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, last_token_residuals(BASE_MODEL, geometry_prompts()))
+    return np.load(path)
+
+
 def geometry_metrics(residuals: np.ndarray, reference: np.ndarray | None) -> dict:
     """Concentration per layer and (with a reference) the structural alignment score per layer."""
     from flowlens.geometry import concentration_by_layer, structural_alignment

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from .common import (BASE_MODEL, REPO, RESULTS, SHIPPED_WEIGHTS, eval_records, geometry_prompts, markdown_table,
-                     mean_spread, measure_model, show, write_json)
+                     mean_spread, measure_model, reference_residuals, show, write_json)
 
 RUN_ROOT = REPO / "runs" / "experiments" / "safety"
 EXTRA_WEIGHTS = REPO / "runs" / "experiments" / "weights"
@@ -81,24 +81,12 @@ def diversity(examples: list[dict]) -> dict:
             if len(general) >= EQUAL_SIZE else None}
 
 
-def reference_residuals():
-    import numpy as np
-
-    from .common import last_token_residuals
-
-    path = RUN_ROOT / "base_residuals.npy"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(path, last_token_residuals(BASE_MODEL, geometry_prompts()))
-    return np.load(path)
-
-
 def run(args) -> int:
     import torch
 
     torch.set_num_threads(1)
     records, prompts = eval_records(), geometry_prompts()
-    reference = reference_residuals()
+    reference = reference_residuals(RUN_ROOT)
     jobs = [("base", None, None, BASE_MODEL)] + [(f"r{r:g}-s{s}", r, s, model_dir(r, s))
                                                  for s in args.seeds for r in RATIOS]
     from tqdm import tqdm

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .common import (BASE_MODEL, REPO, RESULTS, eval_records, geometry_prompts, markdown_table, mean_spread,
-                     measure_model, show, write_json, write_jsonl)
+                     measure_model, reference_residuals, show, write_json, write_jsonl)
 
 RUN_ROOT = REPO / "runs" / "experiments" / "vcl"
 RATIOS = (0.1, 0.2, 0.4)
@@ -96,18 +96,6 @@ def data_file(ratio: float) -> Path:
     return path
 
 
-def reference_residuals():
-    import numpy as np
-
-    from .common import last_token_residuals
-
-    path = RUN_ROOT / "base_residuals.npy"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(path, last_token_residuals(BASE_MODEL, geometry_prompts()))
-    return np.load(path)
-
-
 def run_cell(cell: Cell, records, prompts, reference) -> dict:
     from flowlens.finetune import FinetuneConfig, finetune, read_log
     from flowlens.vcl import VCLConfig
@@ -135,7 +123,7 @@ def run(args) -> int:
     cells = grid(args.only_main)[args.worker::args.workers]
     records, prompts = eval_records(), geometry_prompts()
     write_jsonl(RUN_ROOT / "eval_prompts.jsonl", records)
-    reference = reference_residuals()
+    reference = reference_residuals(RUN_ROOT)
     from tqdm import tqdm
 
     for cell in tqdm(cells, desc=f"vcl sweep worker {args.worker}"):
