@@ -124,6 +124,9 @@ def run(args) -> int:
     records, prompts = eval_records(), geometry_prompts()
     write_jsonl(RUN_ROOT / "eval_prompts.jsonl", records)
     reference = reference_residuals(RUN_ROOT)
+    restored = restore_reported(cells)
+    if restored:
+        print(f"{restored} finished cells restored from {RESULTS / 'vcl_sweep.json'}", flush=True)
     from tqdm import tqdm
 
     for cell in tqdm(cells, desc=f"vcl sweep worker {args.worker}"):
@@ -133,6 +136,23 @@ def run(args) -> int:
         write_json(path, run_cell(cell, records, prompts, reference))
         print(f"done {cell.name}", flush=True)
     return 0
+
+
+def restore_reported(cells: list[Cell]) -> int:
+    """Write ``measure.json`` for cells whose run directory is gone (a fresh checkout: ``runs/`` is not
+    committed) but whose measurements are in the committed report, so only missing cells are run again.
+    The report keeps the three refusal rates, geometry and training log of every run: all ``report`` reads."""
+    reported = RESULTS / "vcl_sweep.json"
+    if not reported.exists():
+        return 0
+    by_name = {r["cell"]["name"]: r for r in json.loads(reported.read_text())["runs"]}
+    restored = 0
+    for cell in cells:
+        path = RUN_ROOT / cell.name / "measure.json"
+        if not path.exists() and cell.name in by_name:
+            write_json(path, {**by_name[cell.name], "restored_from": str(reported.relative_to(REPO))})
+            restored += 1
+    return restored
 
 
 # --------------------------------------------------------------------------- report

@@ -46,3 +46,22 @@ def test_vcl_windows_hold_a_layer_of_the_embedded_model():
     windows = {c.window for c in grid()}
     assert len(windows) == 3
     assert sorted(window_layers(w, 4)[0] for w in windows) == [0, 1, 2]
+
+
+def test_vcl_sweep_restores_reported_cells_and_leaves_the_rest_to_run(tmp_path, monkeypatch):
+    import json
+
+    from experiments import vcl_sweep
+
+    cells = grid()
+    reported = {"runs": [{"cell": {"name": cells[0].name}, "refusals": {"false_refusal_rate": 0.25}}]}
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "vcl_sweep.json").write_text(json.dumps(reported))
+    monkeypatch.setattr(vcl_sweep, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(vcl_sweep, "RUN_ROOT", tmp_path / "runs")
+    monkeypatch.setattr(vcl_sweep, "REPO", tmp_path)
+    assert vcl_sweep.restore_reported(cells) == 1
+    restored = json.loads((tmp_path / "runs" / cells[0].name / "measure.json").read_text())
+    assert restored["refusals"]["false_refusal_rate"] == 0.25
+    assert not (tmp_path / "runs" / cells[1].name).exists()
+    assert vcl_sweep.restore_reported(cells) == 0  # a finished cell is never overwritten
