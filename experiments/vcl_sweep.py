@@ -7,8 +7,9 @@ requests answered by refusals, at safety ratio r. A plain-SFT run is the same ru
 The full product (3 ratios x k x lambda x window x sign x seeds) does not fit the CPU this was
 run on, so the grid is one factor at a time around a default (k=2, lambda=1, window [0.3, 0.5],
 penalize): the main comparison (plain SFT and the default, 3 seeds, every ratio) runs first, then
-the one-factor cells with seed 0, then their seeds 1 and 2: every cell ends with 3 seeds. The embedded model has 4 layers (normalised depths 0, 1/3,
-2/3, 1), so the windows are [0, 0.2] (layer 0), [0.3, 0.5] (layer 1) and [0.6, 0.8] (layer 2);
+the one-factor cells with seed 0, then their seeds 1 and 2, so every cell has 3 seeds; last, five more
+seeds of the main comparison (8 in all), whose paired differences are the headline. The embedded model
+has 4 layers (normalised depths 0, 1/3, 2/3, 1), so the windows are [0, 0.2] (layer 0), [0.3, 0.5] (layer 1) and [0.6, 0.8] (layer 2);
 the study's [0.1, 0.3] holds no layer of a 4-layer model.
 
     python -m experiments.vcl_sweep run [--workers 2] [--only-main]   # skips finished cells
@@ -32,6 +33,7 @@ from .common import (BASE_MODEL, REPO, RESULTS, eval_records, geometry_prompts, 
 RUN_ROOT = REPO / "runs" / "experiments" / "vcl"
 RATIOS = (0.1, 0.2, 0.4)
 MAIN_SEEDS = (0, 1, 2)
+EXTRA_SEEDS = (3, 4, 5, 6, 7)  # the main comparison (plain SFT vs the default VCL) gets 8 seeds in all
 DEFAULT = {"k": 2, "weight": 1.0, "window": (0.3, 0.5), "sign": "penalize"}
 VARIATIONS = {"k": (1, 4), "weight": (0.1, 10.0), "window": ((0.0, 0.2), (0.6, 0.8)), "sign": ("encourage",)}
 # One-factor cells rerun with the other seeds at every ratio. The first two (best on one seed at ratio 0.2)
@@ -81,6 +83,7 @@ def grid(only_main: bool = False) -> list[Cell]:
             for ratio in RATIOS:
                 for change in CONFIRM:
                     cells.append(Cell(ratio, seed, True, **{**DEFAULT, **change}))
+        cells += [Cell(r, s, vcl) for s in EXTRA_SEEDS for r in RATIOS for vcl in (False, True)]
     return cells
 
 
@@ -270,7 +273,7 @@ def plot(summary: dict, path: Path) -> None:
         others = [e for e in entries if e["varied"] not in ("sft", "default")]
         if others:
             axis.scatter([e["ratio"] + 0.01 for e in others], [e[metric]["mean"] for e in others], s=12,
-                         color="grey", label="one-factor VCL cells (seeds: see table)")
+                         color="grey", label="one-factor VCL cells (3 seeds each)")
         axis.set_xlabel("safety-data ratio")
         axis.set_title(name)
         axis.legend(fontsize=7)

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from experiments.common import mean_spread, show
-from experiments.vcl_sweep import CONFIRM, DEFAULT, MAIN_SEEDS, RATIOS, grid
+from experiments.vcl_sweep import CONFIRM, DEFAULT, EXTRA_SEEDS, MAIN_SEEDS, RATIOS, grid
 
 
 def test_mean_spread_is_sample_std_and_skips_missing():
@@ -30,8 +30,12 @@ def test_vcl_grid_main_comparison_first_then_one_factor_cells():
     settings = {}  # every cell of the grid ends with all of MAIN_SEEDS
     for c in cells:
         settings.setdefault(c.name.rsplit("-s", 1)[0], set()).add(c.seed)
-    assert all(seeds == set(MAIN_SEEDS) for seeds in settings.values())
-    for cell in cells[len(main):]:
+    main_settings = {c.name.rsplit("-s", 1)[0] for c in main}
+    for setting, seeds in settings.items():
+        assert seeds == set(MAIN_SEEDS) | (set(EXTRA_SEEDS) if setting in main_settings else set())
+    extra = cells[len(cells) - len(main_settings) * len(EXTRA_SEEDS):]
+    assert {c.seed for c in extra} == set(EXTRA_SEEDS) and {c.varied for c in extra} == {"sft", "default"}
+    for cell in cells[len(main):len(cells) - len(extra)]:
         changed = [k for k, v in DEFAULT.items() if getattr(cell, k) != v]
         assert len(changed) == 1 and cell.varied == changed[0]
         # every cell rerun with more seeds also ran with seed 0
