@@ -432,6 +432,10 @@ class Workbench:
                 + (f" (AUROC {card['auroc']:.3f})" if card.get("auroc") else "")
                 + (f"\n\n**Fires on** {100 * card['frequency']:.3f}% of positions; **mean activation when firing** "
                    f"{card['mean_activation']:.3f}" if card.get("frequency") is not None else ""))
+        if card.get("firing_by_value"):
+            shares = sorted(card["firing_by_value"].items(), key=lambda kv: -kv[1])
+            text += (f"\n\n**Firing rate by {card['attribute']}** (share of objects, or background positions): "
+                     + ", ".join(f"{value} {100 * share:.0f}%" for value, share in shares))
         return text, gallery
 
     def select_row(self, block: str, evt: gr.SelectData):
@@ -865,7 +869,6 @@ def build_ui(bench: Workbench) -> gr.Blocks:
 
 
 def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
-    from interp.models.t2i import SDXL_BLOCKS
     from riebench.methods import METHODS, VARIANTS
 
     categories = bench.riebench_categories()
@@ -890,8 +893,8 @@ def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
                                     elem_id="riebench-k")
                 multiplier = gr.Number(value=1.0, label="m (multiplier)", elem_id="riebench-m")
             variant = gr.Radio(list(VARIANTS), value="static", label="Variant (sae)", elem_id="riebench-variant")
-            # SDXL's four blocks (the SAEs' blocks) by default; every hookable block can be chosen
-            default_blocks = [b for b in SDXL_BLOCKS if b in blocks] or blocks[:1]
+            # the model's analysed blocks (the shipped SAEs') by default; every hookable block can be chosen
+            default_blocks = [b for b in bench.t2i.default_blocks if b in blocks] or blocks[:1]
             run_blocks = gr.CheckboxGroup(blocks, value=default_blocks, label="Blocks", elem_id="riebench-blocks")
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="riebench-run")

@@ -34,7 +34,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .hooks.diffusion import capture_updates, generate
-from .models.t2i import SDXL_BLOCKS
+from .models.t2i import default_blocks
 
 FORMAT = "interp-activation-store"
 VERSION = 1
@@ -409,7 +409,9 @@ def stream_vectors(model, block: str, prompts: Iterable[str], batch_size: int, s
 
 def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="toy", help="toy (embedded), sdxl-turbo, sdxl-base, hub id or directory")
-    parser.add_argument("--blocks", nargs="+", default=list(SDXL_BLOCKS), help="block names (default: the four SDXL blocks)")
+    parser.add_argument("--blocks", nargs="+", default=None,
+                        help="block names (default: the model's analysed blocks: SDXL's four, and for the toy model "
+                             "also the two where it draws shape and colour)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", help="a text file, one prompt per line")
     source.add_argument("--world", type=int, metavar="N", help="N random captions of the shapes world")
@@ -451,7 +453,8 @@ def collect_command(args) -> int:
         model.check_request(steps)
         prompts = [model.check_prompt(p) for p in prompts]
         guidance = model.default_guidance if args.guidance is None else args.guidance
-        plan = CollectionPlan(model=args.model, blocks=[b.removeprefix("unet.") for b in args.blocks],
+        blocks = args.blocks if args.blocks is not None else default_blocks(args.model)
+        plan = CollectionPlan(model=args.model, blocks=[b.removeprefix("unet.") for b in blocks],
                               prompts=prompts, seeds=[args.seed + i for i in range(len(prompts))], steps=steps,
                               guidance=float(guidance), half=args.half, images_per_shard=args.images_per_shard)
         manifest = collect(model, plan, args.out, rank=rank, world_size=world_size, barrier=barrier)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interp.models.t2i import SDXL_BLOCKS
+from interp.models.t2i import default_blocks
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +27,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--category", action="append", default=None, help="only this category (repeatable)")
     p.add_argument("--limit-per-category", type=int, default=None, help="first N tasks of each category")
     p.add_argument("--saes", default=None, help="directory with one SAE directory (sae-lens format) per block")
-    p.add_argument("--blocks", nargs="+", default=list(SDXL_BLOCKS), help="blocks the methods may edit")
+    p.add_argument("--blocks", nargs="+", default=None,
+                   help="blocks the methods may edit (default: the model's analysed blocks; the toy's six)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
     p.add_argument("--seed", type=int, default=None, help="one seed for every task (default: each task's own)")
     p.add_argument("--save-images", action="store_true", help="also write each edited image as PNG")
@@ -83,9 +84,15 @@ def _execute(args, configs) -> int:
     return 1 if counts["failed"] else 0
 
 
+def _resolve_blocks(args) -> None:
+    if args.blocks is None:
+        args.blocks = list(default_blocks(args.model))
+
+
 def _run(args) -> int:
     from .methods import MethodConfig
 
+    _resolve_blocks(args)
     method, variant = ("sae", "adaptive") if args.method == "sae-adaptive" else (args.method, args.variant)
     configs = [MethodConfig(method, k, m, list(args.blocks), variant) for k in args.k_trans for m in args.m]
     if method == "prompt-swap":
@@ -99,6 +106,7 @@ def _run(args) -> int:
 def _sweep(args) -> int:
     from .runner import sweep_configs
 
+    _resolve_blocks(args)
     return _execute(args, sweep_configs(args.k_trans, args.m, args.blocks, tuple(args.methods), args.per_block))
 
 

@@ -48,6 +48,16 @@ from .tasks import Task, TaskError
 VARIANTS = ("static", "adaptive")
 
 
+def short_block_name(block: str) -> str:
+    """down_blocks.2.attentions.1 -> down2.1, mid_block.attentions.0 -> mid, up_blocks.1.attentions.2 -> up1.2."""
+    parts = block.split(".")
+    if parts[0] == "mid_block" and parts[-1] == "0":
+        return "mid"
+    if len(parts) == 4 and parts[0] in ("down_blocks", "up_blocks") and parts[2] == "attentions":
+        return f"{parts[0].removesuffix('_blocks')}{parts[1]}.{parts[3]}"
+    return block
+
+
 class MethodError(ValueError):
     """A method configuration that cannot run (unknown method, k_trans too large, missing SAE)."""
 
@@ -82,10 +92,13 @@ class MethodConfig:
 
     @property
     def label(self) -> str:
-        """A short name for tables and plots: method, variant, blocks (when not all four)."""
+        """A short name for tables and plots: method, variant, blocks (unless SDXL's four): one block by
+        its name, several by short names (`sae@down2.1+mid+up0.0+up0.1+up1.1+up1.2`)."""
         name = self.method + ("-adaptive" if self.method == "sae" and self.variant == "adaptive" else "")
-        if sorted(self.blocks) != sorted(SDXL_BLOCKS):
-            name += "@" + "+".join(self.blocks)
+        if len(self.blocks) == 1:
+            name += "@" + self.blocks[0]
+        elif sorted(self.blocks) != sorted(SDXL_BLOCKS):
+            name += "@" + "+".join(short_block_name(b) for b in self.blocks)
         return name
 
     def key(self) -> str:

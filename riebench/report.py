@@ -4,7 +4,8 @@
   preservation, pixel distance outside the edit regions, distance to the exact target;
 - headline.md: per category, the best success of each method among its configurations
   whose preservation is at least `min_preservation` (methods compared at equal
-  preservation), and the prompt swap beside them;
+  preservation), and the prompt swap beside them; the same per method and single block
+  (per-block runs: which blocks matter for which category);
 - blocks.md / blocks.csv: per configuration and category, the share of selected units
   (SAE features, neurons) that come from each block;
 - tradeoff.png / tradeoff.html: success against preservation over the sweep of k_trans
@@ -66,6 +67,28 @@ def headline_table(rows: list[dict], min_preservation: float) -> list[dict]:
         if key not in best or row["success"] > best[key]["success"]:
             best[key] = row
     return [best[k] for k in sorted(best)]
+
+
+def _split_label(label: str) -> tuple[str, str | None]:
+    """'sae@up_blocks.1.attentions.2' -> ('sae', that block); 'sae' or 'sae@down2.1+mid' -> (label, None)."""
+    method, _, blocks = label.partition("@")
+    return (method, blocks) if blocks and "+" not in blocks else (label, None)
+
+
+def best_matrix(headline: list[dict], per_block: bool) -> list[dict]:
+    """The headline as one row per category: per method (per_block False: configurations on all their blocks)
+    or per method and single block (per_block True), the best success at the preservation threshold,
+    with its k_trans and m. Answers which method edits best per category, and which blocks matter."""
+    matrix: dict[str, dict] = defaultdict(dict)
+    for row in headline:
+        method, block = _split_label(row["method"])
+        if (block is not None) != per_block:
+            continue
+        column = f"{method}@{block}" if per_block else method
+        where = "" if method == "prompt-swap" else f" (k {row['k_trans']}, m {row['m']:g})"
+        matrix[row["category"]][column] = f"{row['success']:.2f}{where}"
+    categories = sorted(matrix, key=lambda c: (c == "all", c))
+    return [{"category": c, **dict(sorted(matrix[c].items()))} for c in categories]
 
 
 def block_table(results: list[dict]) -> list[dict]:
@@ -184,14 +207,18 @@ def write_report(out: str | os.PathLike, min_preservation: float = 0.9, plots: b
     main_columns = ["method", "k_trans", "m", "category", "n"] + [c for c in MAIN_METRICS if any(c in r for r in rows)]
     atomic_write_text(out / "categories.md", to_markdown(rows, main_columns))
     atomic_write_text(out / "categories.csv", to_csv(rows))
+    methods, by_block = best_matrix(headline, per_block=False), best_matrix(headline, per_block=True)
     atomic_write_text(out / "headline.md", f"Best success per category and method at preservation >= "
-                      f"{min_preservation:g} (prompt swap: as it is)\n\n" + to_markdown(headline, main_columns))
+                      f"{min_preservation:g} (prompt swap: as it is)\n\n" + to_markdown(methods)
+                      + ("\nThe same, each method restricted to one block:\n\n" + to_markdown(by_block) if by_block else "")
+                      + "\nThe configurations behind each cell:\n\n" + to_markdown(headline, main_columns))
     atomic_write_text(out / "blocks.md", to_markdown(blocks))
     atomic_write_text(out / "blocks.csv", to_csv(blocks) if blocks else "")
     problems = plot_tradeoff(curves, out / "tradeoff.png", out / "tradeoff.html") if plots and curves else []
     report = {"results": len(results), "failed": [{"task": f["task"], "label": f["label"], "error": f["error"]}
                                                   for f in failed],
               "skipped_metrics": skipped, "categories": rows, "headline": headline, "blocks": blocks,
+              "best_by_method": methods, "best_by_block": by_block,
               "curves": curves, "plot_problems": problems, "min_preservation": min_preservation}
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
     return report

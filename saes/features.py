@@ -10,6 +10,8 @@ For each feature of a block's SAE, over a pool of analysed images:
     label            on the shapes world, the attribute value the feature's activation
                      predicts best, by AUROC: per occupied grid cell for object attributes,
                      per block position for the background (see `attribute_aurocs`)
+    firing_by_value  per value of that attribute, the share of its objects the feature fires
+                     on (a colour feature that also fires on every orange object says so)
 
 Written as `features.json` beside the SAE (the web UI and `saes.library` read it), the
 image pool as `analysis_images.npz` + `analysis_prompts.json` in the parent directory (one
@@ -137,6 +139,55 @@ def cell_maxima(latents: torch.Tensor) -> torch.Tensor:
     return torch.stack(cells, dim=1).reshape(n * len(POSITIONS), f)
 
 
+def cell_means(updates: torch.Tensor) -> torch.Tensor:
+    """updates (images, channels, height, width) -> (images * 9, channels): each grid cell's mean update."""
+    from interp.zoo.shapes import POSITIONS
+
+    n, c, h, w = updates.shape
+    cells = []
+    for position in POSITIONS:
+        rows, cols = _cell_rows_cols(position, h, w)
+        cells.append(updates[:, :, rows, cols].float().mean(dim=(2, 3)))
+    return torch.stack(cells, dim=1).reshape(n * len(POSITIONS), c)
+
+
+PROBED_ATTRIBUTES = ("colour", "shape", "size", "texture", "position")
+
+
+def cell_probe_accuracy(updates: torch.Tensor, scenes: list, attributes=PROBED_ATTRIBUTES,
+                        seed: int = 0) -> dict[str, dict]:
+    """How well a block's update codes each object attribute, independently of any SAE: a multinomial
+    logistic regression from an occupied grid cell's mean update (standardised) to the attribute of its
+    object, fitted on half of the cells and scored on the other half (image-disjoint halves).
+
+    Returns {attribute: {"accuracy", "chance" (the majority value's share), "n_test"}}."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    names, targets, occupied = cell_targets(scenes)
+    features = cell_means(updates).numpy()[occupied]
+    image_of_cell = np.repeat(np.arange(len(scenes)), 9)[occupied]
+    order = np.random.default_rng(seed).permutation(len(scenes))
+    train_images = set(order[: len(scenes) // 2].tolist())
+    train = np.array([i in train_images for i in image_of_cell])
+    if train.all() or not train.any():
+        raise ValueError("probing needs objects in at least two images")
+    results = {}
+    for attribute in attributes:
+        rows = [t for t, (a, _) in enumerate(names) if a == attribute]
+        labels = np.argmax(targets[rows], axis=0)
+        if len(np.unique(labels[train])) < 2:
+            continue
+        probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+        probe.fit(features[train], labels[train])
+        test_labels = labels[~train]
+        results[attribute] = {"accuracy": float(probe.score(features[~train], test_labels)),
+                              "chance": float(np.bincount(test_labels).max() / len(test_labels)),
+                              "n_test": int(len(test_labels))}
+    return results
+
+
 def attribute_aurocs(latents: torch.Tensor, scenes: list,
                      background_max_coverage: float = 0.05) -> tuple[list[tuple[str, str]], np.ndarray, list]:
     """AUROC of every feature for every attribute value of the shapes world.
@@ -233,6 +284,10 @@ def analyse_block(sae: SAE, updates: torch.Tensor, scenes: list | None = None,
             attribute, value = names[best]
             scores, target = scorer[best]
             card.update(attribute=attribute, value=value, auroc=_sklearn_auroc(target, scores[:, f]))
+            # what else it fires on: per value of its attribute, the share of that value's objects
+            # (background: positions) where the feature fires
+            card["firing_by_value"] = {names[t][1]: float((scorer[t][0][scorer[t][1], f] > 0).mean())
+                                       for t in range(len(names)) if names[t][0] == attribute and usable[t]}
             if card["auroc"] >= config.label_min_auroc:
                 card["label"] = f"{attribute}={value}"
         cards.append(card)

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from .evaluate import evaluate
-from .features import generate_pool
+from .features import cell_probe_accuracy, generate_pool
 from .fidelity import fidelity_table, splice_fidelity
 from .sae import CFG_FILENAME, SAE
 
@@ -65,7 +65,9 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
             raise ValueError(f"{model.name} has no block {block!r} (SAE directory under {root})")
     prompts = world_prompts(max(n_eval_images, n_fidelity_images), world_seed)
     seeds = [seed + i for i in range(len(prompts))]
-    pool = generate_pool(model, list(saes), prompts[:n_eval_images], seeds[:n_eval_images])
+    # every hookable block is captured: the linear probes say where each attribute lives, SAE or not
+    pool = generate_pool(model, list(dict.fromkeys([*saes, *model.blocks])), prompts[:n_eval_images],
+                         seeds[:n_eval_images])
     blocks = {}
     for block, sae in saes.items():
         vectors = pool.updates[block].permute(0, 2, 3, 1).reshape(-1, sae.cfg.d_in)
@@ -90,6 +92,9 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
         }
     report = {"model": model.name, "n_eval_images": n_eval_images, "n_fidelity_images": n_fidelity_images,
               "world_seed": world_seed, "seed": seed, "targets": TARGETS, "blocks": blocks}
+    scenes = pool.scenes()
+    if scenes is not None:
+        report["block_probes"] = {block: cell_probe_accuracy(updates, scenes) for block, updates in pool.updates.items()}
     if features_summary is not None:
         coverage = label_coverage(features_summary, TARGETS["label_auroc_min"])
         wanted = [f"colour={c}" for c in COLOURS] + [f"shape={s}" for s in SHAPES]
@@ -118,6 +123,21 @@ def _attribute_table(report: dict) -> str:
             values = [v for label, v in by_block[block].items() if label.startswith(attribute + "=")]
             cells.append(f"{sum(values) / len(values):.3f} (min {min(values):.3f})" if values else "-")
         lines.append(f"| {attribute} (mean over values) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _probe_table(report: dict) -> str:
+    """Linear-probe accuracy per block (rows) and attribute (columns), chance in the header."""
+    probes = report["block_probes"]
+    attributes = list(dict.fromkeys(a for entry in probes.values() for a in entry))
+    chance = {a: next(e[a]["chance"] for e in probes.values() if a in e) for a in attributes}
+    best = {a: max((b for b in probes if a in probes[b]), key=lambda b: probes[b][a]["accuracy"]) for a in attributes}
+    lines = ["| block | SAE | " + " | ".join(f"{a} (chance {chance[a]:.2f})" for a in attributes) + " |",
+             "|---|---|" + "---:|" * len(attributes)]
+    for block, entry in probes.items():
+        cells = [("**{:.2f}**" if best[a] == block else "{:.2f}").format(entry[a]["accuracy"]) if a in entry else "-"
+                 for a in attributes]
+        lines.append(f"| {block} | {'yes' if block in report['blocks'] else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -165,8 +185,13 @@ def report_markdown(report: dict) -> str:
               "with the original generation. Probe columns: attribute accuracy of the probe's reading "
               "against the caption.", "",
               fidelity_table({b: r["splice_fidelity"] for b, r in report["blocks"].items()}).rstrip()]
-    if "attributes_by_block" in report:
+    if "block_probes" in report:
         lines += ["", "## Which blocks carry which attributes", "",
+                  "Linear probes, with or without an SAE: a logistic regression from each occupied grid cell's mean "
+                  "update (standardised) to its object's attribute, fitted on half of the images and scored on the "
+                  "other half; every hookable block (bold: the best block).", "", _probe_table(report).rstrip()]
+    if "attributes_by_block" in report:
+        lines += ["", "## Which SAE features carry which attributes", "",
                   f"Best feature AUROC per attribute value per block over block positions, from the feature "
                   f"analysis of {report.get('features_n_images')} images (bold: the best block).", "",
                   _attribute_table(report).rstrip(), "", _value_table(report).rstrip(), "",

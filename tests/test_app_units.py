@@ -144,3 +144,16 @@ def test_the_sae_method_without_saes_says_which_methods_can_run(tmp_path):
     with pytest.raises(gr.Error, match="needs SAEs.*activation-diff, neurons or prompt-swap"):
         list(bench.riebench_run("change shape", ["change-shape-000"], "sae", 5, 1.0, ["mid_block.attentions.0"],
                                 "static"))
+
+
+def test_a_feature_card_says_what_else_a_colour_feature_fires_on(bench):
+    library = bench.library
+    if library is None or "up_blocks.1.attentions.2" not in library.blocks:
+        pytest.skip("needs the SAEs shipped for the toy model")
+    block = "up_blocks.1.attentions.2"
+    card = max((c for c in library.cards(block) if (c.get("label") or "").startswith("colour=")),
+               key=lambda c: c["auroc"])
+    text, gallery = bench.feature_card(block, card["id"])
+    assert f"feature {card['id']}" in text and card["label"] in text
+    assert "Firing rate by colour" in text and f"{card['value']} " in text.split("Firing rate by colour")[1]
+    assert gallery  # its top images with heatmaps

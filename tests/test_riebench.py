@@ -332,3 +332,33 @@ def test_prompt_swap_reference_on_the_toy_model_mostly_succeeds(toy_t2i, tmp_pat
     done, _ = load_results(tmp_path)
     success = np.mean([r["metrics"]["success"] for r in done])
     assert success >= 0.75, [(r["task"], r["metrics"]["success"]) for r in done]
+
+
+def test_headline_matrices_compare_methods_and_single_blocks_at_equal_preservation():
+    from riebench.report import best_matrix, headline_table
+
+    def row(method, category, success, preservation, k=2, m=1.0):
+        return {"method": method, "k_trans": k, "m": m, "category": category, "success": success,
+                "preservation": preservation}
+
+    block = "up_blocks.1.attentions.2"
+    rows = [row("sae", "change colour", 0.9, 0.5),           # better, but below the preservation threshold
+            row("sae", "change colour", 0.4, 0.95, k=8),
+            row("activation-diff", "change colour", 0.7, 0.92, m=4.0),
+            row(f"sae@{block}", "change colour", 0.8, 0.99),
+            row(f"sae@{MID}", "change colour", 0.0, 1.0),
+            row("prompt-swap", "change colour", 1.0, 0.6, k=0, m=0.0)]  # the reference is shown as it is
+    headline = headline_table(rows, min_preservation=0.9)
+    methods = best_matrix(headline, per_block=False)
+    assert methods == [{"category": "change colour", "activation-diff": "0.70 (k 2, m 4)", "prompt-swap": "1.00",
+                        "sae": "0.40 (k 8, m 1)"}]
+    blocks = best_matrix(headline, per_block=True)
+    assert blocks[0][f"sae@{block}"] == "0.80 (k 2, m 1)" and blocks[0][f"sae@{MID}"] == "0.00 (k 2, m 1)"
+
+
+def test_labels_name_one_block_in_full_and_several_by_short_names():
+    assert MethodConfig("sae", blocks=[MID]).label == "sae@" + MID
+    six = ["down_blocks.2.attentions.1", MID, "up_blocks.0.attentions.0", "up_blocks.0.attentions.1",
+           "up_blocks.1.attentions.1", "up_blocks.1.attentions.2"]
+    assert MethodConfig("sae", blocks=six).label == "sae@down2.1+mid+up0.0+up0.1+up1.1+up1.2"
+    assert MethodConfig("neurons", blocks=six[:4]).label == "neurons"  # SDXL's four

@@ -11,7 +11,7 @@ import torch
 
 from interp.zoo import shapes
 from saes.features import (AnalysisConfig, AnalysisPool, analyse, analyse_block, auroc_matrix, background_targets,
-                           cell_maxima, cell_targets, generate_pool)
+                           cell_maxima, cell_probe_accuracy, cell_targets, generate_pool)
 from saes.library import FeatureLibrary, load_analysis_images
 from saes.sae import SAE, SAEConfig
 
@@ -122,6 +122,24 @@ def test_a_feature_that_tracks_an_attribute_gets_its_label():
     assert cards[2]["mean_activation"] == pytest.approx(0.5)
     red_positions = float(np.mean([_cells_of(s, colour="red").mean() for s in scenes]))
     assert cards[0]["frequency"] == pytest.approx(red_positions)
+    # it fires on every red object and on no object of another colour
+    assert cards[0]["firing_by_value"]["red"] == 1.0 and len(cards[0]["firing_by_value"]) > 1
+    assert all(share == 0.0 for colour, share in cards[0]["firing_by_value"].items() if colour != "red")
+
+
+def test_cell_probes_read_the_attribute_a_block_codes_and_not_one_it_lacks():
+    scenes = _scenes(300, seed=3)
+    rng = np.random.default_rng(0)
+    colour_code = rng.normal(size=(len(shapes.COLOURS), 6)).astype(np.float32)
+    updates = rng.normal(scale=0.3, size=(len(scenes), 6, GRID, GRID)).astype(np.float32)
+    for i, scene in enumerate(scenes):  # each object's cells carry its colour's code, nothing about its shape
+        for obj in scene.objects:
+            cells = _cells_of(shapes.Scene((obj,), scene.background), colour=obj.colour)
+            updates[i][:, cells] += colour_code[list(shapes.COLOURS).index(obj.colour)][:, None]
+    probes = cell_probe_accuracy(torch.from_numpy(updates), scenes)
+    assert probes["colour"]["accuracy"] > 0.9 > probes["colour"]["chance"] + 0.5
+    assert probes["shape"]["accuracy"] < probes["shape"]["chance"] + 0.15
+    assert probes["colour"]["n_test"] > 100
 
 
 def _synthetic_pool(n: int = 40) -> AnalysisPool:
