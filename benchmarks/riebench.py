@@ -23,7 +23,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from interp.models.t2i import SDXL_BLOCKS
 from riebench.methods import MethodConfig, load_saes, make_method, prepare_task, run_plan
 from riebench.tasks import ShapesSuiteConfig, shapes_suite
 
@@ -63,7 +62,10 @@ def load_model(name: str):
         build_tokenizer_files(directory, 48)
         pipe = build_pipeline(T2IConfig(), directory)
         pipe.set_progress_bar_config(disable=True)
-        return T2IModel("random", pipe, 1, 0.0, blocks=block_info(pipe.unet)), "random (toy sizes)"
+        from interp.models.t2i import TOY_BLOCKS
+
+        return (T2IModel("random", pipe, 1, 0.0, blocks=block_info(pipe.unet), default_blocks=TOY_BLOCKS),
+                "random (toy sizes)")
 
 
 def main() -> None:
@@ -77,14 +79,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, model_name = load_model(args.model)
-    blocks = list(SDXL_BLOCKS)
+    blocks = list(model.default_blocks)  # the toy's six, SDXL's four
     saes = load_saes(args.saes, blocks) if args.saes else random_saes(model, blocks)
     per_category = -(-args.tasks // 9)
     tasks = shapes_suite(ShapesSuiteConfig(per_category=per_category)).tasks
     tasks = sorted(tasks, key=lambda t: t.id[-3:])[: args.tasks]  # interleave the categories
-    configs = [MethodConfig("prompt-swap"), MethodConfig("sae", args.k_trans),
-               MethodConfig("sae", args.k_trans, variant="adaptive"), MethodConfig("neurons", args.k_trans),
-               MethodConfig("activation-diff", args.k_trans)]
+    configs = [MethodConfig("prompt-swap", blocks=blocks), MethodConfig("sae", args.k_trans, blocks=blocks),
+               MethodConfig("sae", args.k_trans, blocks=blocks, variant="adaptive"),
+               MethodConfig("neurons", args.k_trans, blocks=blocks), MethodConfig("activation-diff", args.k_trans, blocks=blocks)]
     methods = {c.method: make_method(c.method, model, saes) for c in configs}
     prepare_times, edit_times = [], {c.label: [] for c in configs}
     prepare_task(model, tasks[0], blocks, neurons=True)  # warm-up
@@ -105,12 +107,13 @@ def main() -> None:
     result = {"model": model_name, "threads": torch.get_num_threads(), "tasks": len(tasks), "k_trans": args.k_trans,
               "prepare_two_generations_s": statistics.median(prepare_times), "methods": {}}
     print(f"model {model_name}, {len(tasks)} tasks, k_trans={args.k_trans}, threads={torch.get_num_threads()}")
-    print(f"{'prepare (two generations + capture)':38s} {statistics.median(prepare_times) * 1000:8.1f} ms")
-    print(f"{'method':38s} {'ms/edit':>8s} {'edits/s':>8s} {'vs swap':>8s}")
+    width = max(38, *(len(label) for label in edit_times))
+    print(f"{'prepare (two generations + capture)':{width}s} {statistics.median(prepare_times) * 1000:8.1f} ms")
+    print(f"{'method':{width}s} {'ms/edit':>8s} {'edits/s':>8s} {'vs swap':>8s}")
     for label, times in edit_times.items():
         median = statistics.median(times)
         result["methods"][label] = {"median_s": median, "edits_per_s": 1 / median, "time_over_prompt_swap": median / swap}
-        print(f"{label:38s} {median * 1000:8.1f} {1 / median:8.2f} {median / swap:8.2f}")
+        print(f"{label:{width}s} {median * 1000:8.1f} {1 / median:8.2f} {median / swap:8.2f}")
     # A whole benchmark pass per configuration: the two generations plus the edit, per task.
     for label in edit_times:
         result["methods"][label]["tasks_per_s_with_prepare"] = 1 / (result["methods"][label]["median_s"]

@@ -95,6 +95,8 @@ class MethodConfig:
         """A short name for tables and plots: method, variant, blocks (unless SDXL's four): one block by
         its name, several by short names (`sae@down2.1+mid+up0.0+up0.1+up1.1+up1.2`)."""
         name = self.method + ("-adaptive" if self.method == "sae" and self.variant == "adaptive" else "")
+        if self.method == "prompt-swap":  # edits no block
+            return name
         if len(self.blocks) == 1:
             name += "@" + self.blocks[0]
         elif sorted(self.blocks) != sorted(SDXL_BLOCKS):

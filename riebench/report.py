@@ -76,19 +76,28 @@ def _split_label(label: str) -> tuple[str, str | None]:
 
 
 def best_matrix(headline: list[dict], per_block: bool) -> list[dict]:
-    """The headline as one row per category: per method (per_block False: configurations on all their blocks)
-    or per method and single block (per_block True), the best success at the preservation threshold,
-    with its k_trans and m. Answers which method edits best per category, and which blocks matter."""
-    matrix: dict[str, dict] = defaultdict(dict)
+    """The headline as one row per method (per_block False: configurations on all their blocks) or per
+    method and single block (per_block True) and one column per category: the best success at the
+    preservation threshold, with the k_trans and m that gave it ("0" where no configuration edited).
+    Answers which method edits best per category, and which blocks matter for which category."""
+    cells: dict[tuple[str, str | None], dict] = defaultdict(dict)
     for row in headline:
         method, block = _split_label(row["method"])
         if (block is not None) != per_block:
             continue
-        column = f"{method}@{block}" if per_block else method
-        where = "" if method == "prompt-swap" else f" (k {row['k_trans']}, m {row['m']:g})"
-        matrix[row["category"]][column] = f"{row['success']:.2f}{where}"
-    categories = sorted(matrix, key=lambda c: (c == "all", c))
-    return [{"category": c, **dict(sorted(matrix[c].items()))} for c in categories]
+        if row["success"] == 0:
+            text = "0"
+        elif method == "prompt-swap":
+            text = f"{row['success']:.2f}"
+        else:
+            text = f"{row['success']:.2f} (k {row['k_trans']}, m {row['m']:g})"
+        cells[(method, block)][row["category"]] = text
+    categories = sorted({c for entry in cells.values() for c in entry}, key=lambda c: (c == "all", c))
+    rows = []
+    for (method, block), entry in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        head = {"method": method, "block": block} if per_block else {"method": method}
+        rows.append({**head, **{c: entry.get(c, "–") for c in categories}})  # –: none preserved enough
+    return rows
 
 
 def block_table(results: list[dict]) -> list[dict]:
@@ -169,8 +178,10 @@ def plot_tradeoff(curves: dict[str, list[dict]], png: Path, html: Path) -> list[
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 4.5))
-        for method, points in sorted(curves.items()):
+        # one curve per method on its full block set; single-block runs are in headline.md and the HTML
+        shown = {m: pts for m, pts in curves.items() if _split_label(m)[1] is None} or curves
+        fig, ax = plt.subplots(figsize=(7, 5))
+        for method, points in sorted(shown.items()):
             xs, ys = [p["preservation"] for p in points], [p["success"] for p in points]
             if method == "prompt-swap":
                 ax.scatter(xs, ys, marker="*", s=160, color="black", label=method, zorder=3)
@@ -181,8 +192,8 @@ def plot_tradeoff(curves: dict[str, list[dict]], png: Path, html: Path) -> list[
         ax.set_xlim(-0.02, 1.02)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        ax.set_title("RIEBench: success vs preservation over k_trans and m")
+        ax.legend(fontsize=7, loc="upper left")
+        ax.set_title("RIEBench: success vs preservation over k_trans and m", fontsize=10)
         fig.tight_layout()
         fig.savefig(png, dpi=120)
         plt.close(fig)
@@ -209,7 +220,9 @@ def write_report(out: str | os.PathLike, min_preservation: float = 0.9, plots: b
     atomic_write_text(out / "categories.csv", to_csv(rows))
     methods, by_block = best_matrix(headline, per_block=False), best_matrix(headline, per_block=True)
     atomic_write_text(out / "headline.md", f"Best success per category and method at preservation >= "
-                      f"{min_preservation:g} (prompt swap: as it is)\n\n" + to_markdown(methods)
+                      f"{min_preservation:g} (prompt swap: as it is), with the k_trans and m that gave it; "
+                      f"0: no configuration edited; –: none kept preservation >= {min_preservation:g}\n\n"
+                      + to_markdown(methods)
                       + ("\nThe same, each method restricted to one block:\n\n" + to_markdown(by_block) if by_block else "")
                       + "\nThe configurations behind each cell:\n\n" + to_markdown(headline, main_columns))
     atomic_write_text(out / "blocks.md", to_markdown(blocks))

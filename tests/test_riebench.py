@@ -350,10 +350,12 @@ def test_headline_matrices_compare_methods_and_single_blocks_at_equal_preservati
             row("prompt-swap", "change colour", 1.0, 0.6, k=0, m=0.0)]  # the reference is shown as it is
     headline = headline_table(rows, min_preservation=0.9)
     methods = best_matrix(headline, per_block=False)
-    assert methods == [{"category": "change colour", "activation-diff": "0.70 (k 2, m 4)", "prompt-swap": "1.00",
-                        "sae": "0.40 (k 8, m 1)"}]
+    assert methods == [{"method": "activation-diff", "change colour": "0.70 (k 2, m 4)"},
+                       {"method": "prompt-swap", "change colour": "1.00"},
+                       {"method": "sae", "change colour": "0.40 (k 8, m 1)"}]
     blocks = best_matrix(headline, per_block=True)
-    assert blocks[0][f"sae@{block}"] == "0.80 (k 2, m 1)" and blocks[0][f"sae@{MID}"] == "0.00 (k 2, m 1)"
+    assert blocks == [{"method": "sae", "block": MID, "change colour": "0"},
+                      {"method": "sae", "block": block, "change colour": "0.80 (k 2, m 1)"}]
 
 
 def test_labels_name_one_block_in_full_and_several_by_short_names():
