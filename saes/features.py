@@ -126,29 +126,27 @@ def background_targets(scenes: list, height: int, width: int,
     return names, targets.reshape(len(names), -1)
 
 
-def cell_maxima(latents: torch.Tensor) -> torch.Tensor:
-    """latents (images, height, width, features) -> (images * 9, features): each grid cell's
-    largest activation over its block positions (`cell_box` at the block's size)."""
+def _per_cell(values: torch.Tensor, reduce: str) -> torch.Tensor:
+    """values (images, height, width, features) -> (images * 9, features): each grid cell's `reduce`
+    ("amax" or "mean") over its block positions (`cell_box` at the block's size)."""
     from interp.zoo.shapes import POSITIONS
 
-    n, h, w, f = latents.shape
+    n, h, w, f = values.shape
     cells = []
     for position in POSITIONS:
         rows, cols = _cell_rows_cols(position, h, w)
-        cells.append(latents[:, rows, cols].amax(dim=(1, 2)))  # (images, features)
+        cells.append(getattr(values[:, rows, cols], reduce)(dim=(1, 2)))  # (images, features)
     return torch.stack(cells, dim=1).reshape(n * len(POSITIONS), f)
+
+
+def cell_maxima(latents: torch.Tensor) -> torch.Tensor:
+    """latents (images, height, width, features) -> (images * 9, features): each cell's largest activation."""
+    return _per_cell(latents, "amax")
 
 
 def cell_means(updates: torch.Tensor) -> torch.Tensor:
     """updates (images, channels, height, width) -> (images * 9, channels): each grid cell's mean update."""
-    from interp.zoo.shapes import POSITIONS
-
-    n, c, h, w = updates.shape
-    cells = []
-    for position in POSITIONS:
-        rows, cols = _cell_rows_cols(position, h, w)
-        cells.append(updates[:, :, rows, cols].float().mean(dim=(2, 3)))
-    return torch.stack(cells, dim=1).reshape(n * len(POSITIONS), c)
+    return _per_cell(updates.permute(0, 2, 3, 1).float(), "mean")
 
 
 PROBED_ATTRIBUTES = ("colour", "shape", "size", "texture", "position")

@@ -17,7 +17,7 @@ SDXL_BLOCKS = ("down_blocks.2.attentions.1", "mid_block.attentions.0",
                "up_blocks.0.attentions.0", "up_blocks.0.attentions.1")
 # The embedded model lays out its scene in those four 8x8 blocks but draws an object's shape and colour
 # one level up: a linear probe of each occupied grid cell's mean update reads shape at 1.00 in
-# up_blocks.1.attentions.1 and colour at 0.99 in up_blocks.1.attentions.2, against at most 0.45 and 0.31
+# up_blocks.1.attentions.1 and colour at 0.99 in up_blocks.1.attentions.2, against at most 0.44 and 0.28
 # in SDXL's four (saes/pretrained/toy/REPORT.md). Its SAEs and edits cover both sets.
 TOY_BLOCKS = SDXL_BLOCKS + ("up_blocks.1.attentions.1", "up_blocks.1.attentions.2")
 
