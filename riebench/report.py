@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from interp.atomic import atomic_write_text
+
 from .runner import load_results
-from .tasks import atomic_write_text
 
 MAIN_METRICS = ("success", "preservation", "outside_pixel_distance", "target_distance")
 
@@ -151,18 +152,36 @@ def tradeoff_curves(rows: list[dict]) -> dict[str, list[dict]]:
     return dict(curves)
 
 
+def pareto_front(points: list[dict]) -> list[dict]:
+    """The configurations no other beats on both success and preservation, by falling preservation:
+    the method's best trade-off, drawn as its curve (every configuration is drawn as a point)."""
+    front, best = [], -1.0
+    for point in sorted(points, key=lambda p: (-p["preservation"], -p["success"])):
+        if point["success"] > best:
+            front.append(point)
+            best = point["success"]
+    return front
+
+
 def tradeoff_figure(curves: dict[str, list[dict]]):
     """The interactive (plotly) success-against-preservation plot: one curve per method, hover k_trans and m."""
     import plotly.graph_objects as go
 
+    from plotly.colors import qualitative
+
     fig = go.Figure()
-    for method, points in sorted(curves.items()):
+    for i, (method, points) in enumerate(sorted(curves.items())):
+        colour = qualitative.Plotly[i % len(qualitative.Plotly)]
         text = [f"k_trans={p['k_trans']} m={p['m']:g}" for p in points]
         fig.add_trace(go.Scatter(x=[p["preservation"] for p in points], y=[p["success"] for p in points],
-                                 mode="markers" if method == "prompt-swap" else "lines+markers",
-                                 marker={"size": 14 if method == "prompt-swap" else 8},
-                                 name=method, text=text,
+                                 mode="markers", marker={"size": 14 if method == "prompt-swap" else 8, "color": colour},
+                                 name=method, legendgroup=method, text=text,
                                  hovertemplate="%{text}<br>preservation %{x:.3f}<br>success %{y:.3f}"))
+        if method != "prompt-swap":
+            front = pareto_front(points)
+            fig.add_trace(go.Scatter(x=[p["preservation"] for p in front], y=[p["success"] for p in front],
+                                     mode="lines", legendgroup=method, showlegend=False, hoverinfo="skip",
+                                     line={"color": colour}))
     fig.update_layout(xaxis_title="preservation", yaxis_title="edit success",
                       xaxis_range=[-0.02, 1.02], yaxis_range=[-0.02, 1.02],
                       title="RIEBench: success vs preservation over k_trans and m")
@@ -185,8 +204,11 @@ def plot_tradeoff(curves: dict[str, list[dict]], png: Path, html: Path) -> list[
             xs, ys = [p["preservation"] for p in points], [p["success"] for p in points]
             if method == "prompt-swap":
                 ax.scatter(xs, ys, marker="*", s=160, color="black", label=method, zorder=3)
-            else:
-                ax.plot(xs, ys, marker="o", label=method)
+            else:  # every configuration as a point, the Pareto front as the curve
+                front = pareto_front(points)
+                (line,) = ax.plot([p["preservation"] for p in front], [p["success"] for p in front], marker="o",
+                                  label=method)
+                ax.scatter(xs, ys, s=14, alpha=0.4, color=line.get_color())
         ax.set_xlabel("preservation (other attributes unchanged)")
         ax.set_ylabel("edit success")
         ax.set_xlim(-0.02, 1.02)

@@ -25,9 +25,11 @@ from typing import Callable
 import numpy as np
 import torch
 
+from interp.atomic import atomic_write_text
+
 from .methods import METHODS, MethodConfig, MethodError, load_saes, make_method, prepare_task, run_plan
 from .metrics import RealImageMetrics, shapes_metrics
-from .tasks import ShapesSuiteConfig, Suite, TaskError, atomic_write_text, read_riebench_json, shapes_suite
+from .tasks import ShapesSuiteConfig, Suite, TaskError, read_riebench_json, shapes_suite
 
 
 @dataclass

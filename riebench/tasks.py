@@ -24,12 +24,12 @@ import difflib
 import json
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
+from interp.atomic import atomic_write_text
 from interp.zoo import shapes
 
 # The public RIEBench categories, by `editing_type_id`.
@@ -303,19 +303,6 @@ class Suite:
         if isinstance(data, list):  # the public RIEBench format: a bare list of tasks
             return read_riebench_json(path)
         return cls.from_dict(data)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename, so a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # ----------------------------------------------------------------------------- public RIEBench format

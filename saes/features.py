@@ -25,12 +25,13 @@ import base64
 import io
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from interp.atomic import atomic_write, atomic_write_text
 
 from .sae import SAE
 
@@ -384,32 +385,16 @@ def store_pool(model, store, blocks: list[str], n_images: int, batch_size: int =
 
 # ----------------------------------------------------------------------------- files
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        Path(tmp).write_text(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; these are for reading and sharing
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_pool(pool: AnalysisPool, directory: str | os.PathLike) -> None:
     """analysis_images.npz (key "images", (N, H, W, 3) uint8, compressed) + analysis_prompts.json."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".analysis_images.", suffix=".npz")
-    os.close(fd)
-    try:
-        np.savez_compressed(tmp, images=pool.images)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, directory / IMAGES_FILENAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _atomic_write_text(directory / PROMPTS_FILENAME, json.dumps(pool.prompts))
+    def save_images(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to the temporary name
+            np.savez_compressed(f, images=pool.images)
+
+    atomic_write(directory / IMAGES_FILENAME, save_images)
+    atomic_write_text(directory / PROMPTS_FILENAME, json.dumps(pool.prompts))
 
 
 def write_features(sae_dir: str | os.PathLike, block: str, model_name: str, n_images: int,
@@ -417,7 +402,7 @@ def write_features(sae_dir: str | os.PathLike, block: str, model_name: str, n_im
     """features.json beside the SAE, in the format `saes.library.FeatureLibrary` reads."""
     path = Path(sae_dir) / FEATURES_FILENAME
     payload = {"block": block, "model": model_name, "n_images": int(n_images), "features": cards}
-    _atomic_write_text(path, json.dumps(payload, separators=(",", ":")))
+    atomic_write_text(path, json.dumps(payload, separators=(",", ":")))
     return path
 
 
@@ -522,8 +507,8 @@ def analyse(saes: dict[str, tuple[SAE, Path]], pool: AnalysisPool, model_name: s
                    for block, cards in results.items()},
         "best_block": best_blocks(summaries),
     }
-    _atomic_write_text(out_dir / SUMMARY_FILENAME, json.dumps(summary, indent=2))
-    _atomic_write_text(out_dir / HTML_FILENAME, render_html(results, pool.images, pool.prompts, model_name,
+    atomic_write_text(out_dir / SUMMARY_FILENAME, json.dumps(summary, indent=2))
+    atomic_write_text(out_dir / HTML_FILENAME, render_html(results, pool.images, pool.prompts, model_name,
                                                             summaries, config))
     return summary
 

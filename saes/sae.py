@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from interp.atomic import atomic_write
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
@@ -137,14 +138,14 @@ class SAE(nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         tensors = {name: p.detach().contiguous() for name, p in self.named_parameters()}
-        _atomic_write(path / WEIGHTS_FILENAME, lambda tmp: save_file(tensors, tmp))
+        atomic_write(path / WEIGHTS_FILENAME, lambda tmp: save_file(tensors, tmp))
         if self.feature_mean is not None:
             stats = {"mean": self.feature_mean.contiguous()}
             if self.feature_std is not None:
                 stats["std"] = self.feature_std.contiguous()
-            _atomic_write(path / FEATURE_STATS_FILENAME, lambda tmp: save_file(stats, tmp))
+            atomic_write(path / FEATURE_STATS_FILENAME, lambda tmp: save_file(stats, tmp))
         text = json.dumps(self.cfg.to_sae_lens_dict(), indent=2)
-        _atomic_write(path / CFG_FILENAME, lambda tmp: Path(tmp).write_text(text))
+        atomic_write(path / CFG_FILENAME, lambda tmp: Path(tmp).write_text(text))
         return path
 
     @classmethod
@@ -232,15 +233,3 @@ class SAE(nn.Module):
     def config_dict(self) -> dict:
         return asdict(self.cfg)
 
-
-def _atomic_write(target: Path, write) -> None:
-    """Call write(temp_path) then rename over target: readers see the old file or the new one."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +23,8 @@ from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
+
+from interp.atomic import atomic_write
 
 from .sae import SAE
 from .trainers import TRAINERS, make_trainer
@@ -99,15 +100,7 @@ def check_batch(batch: torch.Tensor, d_in: int, step: int) -> torch.Tensor:
 
 def atomic_torch_save(obj, target: Path) -> None:
     """torch.save to a temporary file, then os.replace: a crash never leaves a half-written target."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(target, lambda tmp: torch.save(obj, tmp))
 
 
 def load_checkpoint(path: Path, config: TrainConfig) -> dict:

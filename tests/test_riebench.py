@@ -364,3 +364,12 @@ def test_labels_name_one_block_in_full_and_several_by_short_names():
            "up_blocks.1.attentions.1", "up_blocks.1.attentions.2"]
     assert MethodConfig("sae", blocks=six).label == "sae@down2.1+mid+up0.0+up0.1+up1.1+up1.2"
     assert MethodConfig("neurons", blocks=six[:4]).label == "neurons"  # SDXL's four
+
+
+def test_pareto_front_keeps_the_configurations_nothing_beats_on_both_axes():
+    from riebench.report import pareto_front
+
+    points = [{"preservation": 1.0, "success": 0.0}, {"preservation": 0.95, "success": 0.5},
+              {"preservation": 0.9, "success": 0.4},   # beaten by the 0.95 / 0.5 point
+              {"preservation": 0.8, "success": 0.9}, {"preservation": 0.7, "success": 0.9}]  # tie: the better kept
+    assert [(p["preservation"], p["success"]) for p in pareto_front(points)] == [(1.0, 0.0), (0.95, 0.5), (0.8, 0.9)]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import torch
+
+from ..atomic import atomic_write
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
@@ -19,6 +20,4 @@ def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -
 
 def save_checkpoint(path: Path, state: dict) -> None:
     """torch.save to a temporary file, then rename: a crash mid-write never replaces a good checkpoint."""
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
