@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
+from interp.atomic import atomic_write_text
 from interp.zoo.chat.world import GENERAL_TASKS, World, WorldConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,18 +52,14 @@ def geometry_prompts(n_each: int = 64, world_seed: int = 0) -> list[str]:
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def write_json(path: Path, obj) -> None:
     """Atomic: a sweep interrupted mid-write never leaves a half result that looks finished."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def refusal_metrics(model, tokenizer, records: list[dict]) -> dict:

@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from interp.atomic import atomic_write
 
 from .diversity import DataError, read_jsonl
 from .refusals import context_length, evaluate_refusals, format_prompt, read_prompt_set
@@ -232,9 +233,7 @@ def _save_checkpoint(path: Path, model, optimizer, step: int, config: FinetuneCo
     state = {"step": step, "trainable": {k: v.detach().cpu() for k, v in _trainable(model).items()},
              "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
              "config": json.dumps(config.to_json())}
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a crash leaves the old checkpoint or the new one, never half of one
+    atomic_write(path, lambda tmp: torch.save(state, tmp))  # a crash leaves the old checkpoint or the new one
 
 
 def _check_same_run(saved: dict, config: FinetuneConfig) -> None:

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from interp.atomic import atomic_write_text
+from interp.atomic import atomic_write, atomic_write_text
 
 from .methods import METHODS, MethodConfig, MethodError, load_saes, make_method, prepare_task, run_plan
 from .metrics import RealImageMetrics, shapes_metrics
@@ -85,9 +85,8 @@ def _save_png(path: Path, image) -> None:
     from PIL import Image
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    (image if hasattr(image, "save") else Image.fromarray(np.asarray(image, np.uint8))).save(tmp)
-    os.replace(tmp, path)
+    image = image if hasattr(image, "save") else Image.fromarray(np.asarray(image, np.uint8))
+    atomic_write(path, lambda tmp: image.save(tmp, format="PNG"))
 
 
 class Runner:
