@@ -18,7 +18,7 @@ import torch
 from interp.hooks import apply_edits, capture_updates, generate
 from interp.models.t2i import SDXL_BLOCKS
 from interp.zoo import WEIGHTS_DIR, shapes
-from riebench.methods import (METHODS, MethodConfig, MethodError, Method, make_method, prepare_task,
+from riebench.methods import (MethodConfig, MethodError, Method, make_method, prepare_task,
                               register_method, run_plan, select_jointly)
 from riebench.metrics import shapes_metrics
 from riebench.report import write_report
