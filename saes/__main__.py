@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--block", required=True, help="block name, e.g. unet.mid_block.attentions.0")
     tr.add_argument("--out", required=True, help="output directory: SAE, checkpoint, train_log.jsonl")
     tr.add_argument("--architecture", default="topk",
-                    help="topk (ours, fast), or sae-lens': batchtopk, jumprelu, standard, lens-topk")
+                    help="topk (ours, fast), or sae-lens': batchtopk, matryoshka, jumprelu, standard, lens-topk")
     tr.add_argument("--d-sae", type=int, default=5120)
     tr.add_argument("--k", type=int, default=10)
     tr.add_argument("--batch-size", type=int, default=4096)
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--tokens", type=int, default=20_000_000, help="training vectors in total")
     tr.add_argument("--dead-after-tokens", type=int, default=10_000_000)
     tr.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="architecture option, e.g. aux_k=256 or l1_coefficient=5")
+                    help="architecture option, e.g. aux_k=256, l1_coefficient=5 or matryoshka_widths=[32,128,256]")
     tr.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     tr.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
     tr.add_argument("--seed", type=int, default=0)

@@ -62,7 +62,7 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         if self.architecture not in TRAINERS:
             raise ValueError(f"unknown architecture {self.architecture!r}; choose one of {', '.join(sorted(TRAINERS))}")
-        if self.architecture in ("topk", "batchtopk", "lens-topk") and not 0 < self.k <= self.d_sae:
+        if self.architecture in ("topk", "batchtopk", "matryoshka", "lens-topk") and not 0 < self.k <= self.d_sae:
             raise ValueError(f"k={self.k} must be between 1 and the number of latents d_sae={self.d_sae}")
         for name in ("d_in", "d_sae", "batch_size", "total_tokens", "dead_after_tokens", "log_every_steps",
                      "checkpoint_every_steps"):

@@ -104,7 +104,8 @@ class LensTrainer:
     """A sae-lens architecture trained by sae-lens' own `SAETrainer.step` on our batches.
 
     options are passed to the sae-lens training config (e.g. l1_coefficient for "standard",
-    l0_coefficient / jumprelu_init_threshold for "jumprelu", aux_loss_coefficient for "batchtopk").
+    l0_coefficient / jumprelu_init_threshold for "jumprelu", aux_loss_coefficient for "batchtopk",
+    matryoshka_widths for "matryoshka").
     """
 
     architecture = ""  # our registry name
@@ -117,7 +118,7 @@ class LensTrainer:
 
         sae_cls, cfg_cls = get_sae_training_class(self.lens_architecture)
         fields = {"d_in": config.d_in, "d_sae": config.d_sae, **config.options}
-        if self.lens_architecture in ("topk", "batchtopk"):
+        if self.lens_architecture in ("topk", "batchtopk", "matryoshka_batchtopk"):
             if not 0 < config.k <= config.d_sae:
                 raise ValueError(f"k must be in 1..d_sae, got k={config.k} with d_sae={config.d_sae}")
             fields["k"] = config.k
@@ -180,6 +181,14 @@ class LensTrainer:
 
 for _name in ("batchtopk", "jumprelu", "standard"):
     register_trainer(_name)(type(f"Lens{_name.capitalize()}Trainer", (LensTrainer,), {"lens_architecture": _name}))
+
+
+@register_trainer("matryoshka")
+class LensMatryoshkaTrainer(LensTrainer):
+    """sae-lens' Matryoshka BatchTopK: nested prefixes of the latents (options: matryoshka_widths,
+    e.g. [32, 128, d_sae]) must each reconstruct on their own, so early latents stay general."""
+
+    lens_architecture = "matryoshka_batchtopk"
 
 
 @register_trainer("lens-topk")

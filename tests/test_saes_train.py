@@ -128,7 +128,8 @@ def test_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("architecture,options", [("batchtopk", {}), ("jumprelu", {"l0_coefficient": 0.1}),
-                                                  ("standard", {"l1_coefficient": 0.5}), ("lens-topk", {})])
+                                                  ("standard", {"l1_coefficient": 0.5}), ("lens-topk", {}),
+                                                  ("matryoshka", {"matryoshka_widths": [16, 64, 128]})])
 def test_sae_lens_architectures_train_through_their_own_trainer(tmp_path, architecture, options):
     config = small_config(architecture=architecture, options=options, total_tokens=256 * 8, lr=1e-3)
     sae = train(config, sparse_dictionary_stream(20), tmp_path, progress=False)
@@ -137,7 +138,7 @@ def test_sae_lens_architectures_train_through_their_own_trainer(tmp_path, archit
     loaded = SAE.load(tmp_path)
     x = next(sparse_dictionary_stream(1, seed=5))
     torch.testing.assert_close(loaded(x), sae(x))
-    assert loaded.cfg.architecture == {"batchtopk": "jumprelu", "lens-topk": "topk"}.get(architecture, architecture)
+    assert loaded.cfg.architecture == {"batchtopk": "jumprelu", "matryoshka": "jumprelu", "lens-topk": "topk"}.get(architecture, architecture)
 
 
 def _ddp_worker(out_dir: str) -> None:
