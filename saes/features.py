@@ -183,7 +183,81 @@ def cell_probe_accuracy(updates: torch.Tensor, scenes: list, attributes=PROBED_A
         test_labels = labels[~train]
         results[attribute] = {"accuracy": float(probe.score(features[~train], test_labels)),
                               "chance": float(np.bincount(test_labels).max() / len(test_labels)),
-                              "n_test": int(len(test_labels))}
+                              "n_test": int(len(test_labels)),
+                              "dims": value_mean_dims(features, targets[rows])}
+    return results
+
+
+def value_mean_dims(features: np.ndarray, targets: np.ndarray) -> float:
+    """How many dimensions a block spends on an attribute: the participation ratio
+    (sum s^2)^2 / sum s^4 of the singular values s of the attribute's centred value means
+    (features (cells, channels) in the block's own units; targets (values, cells) bool).
+
+    At most values - 1. Values on a plane give about 2: e.g. colours coded as a hue circle, where
+    neighbouring colours share directions and an SAE tends to learn a few colour channels rather
+    than one feature per colour."""
+    means = np.stack([features[t].mean(0) for t in targets if t.any()])
+    squares = np.linalg.svd(means - means.mean(0), compute_uv=False) ** 2
+    return float(squares.sum() ** 2 / (squares ** 2).sum()) if squares.sum() > 0 else 0.0
+
+
+def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"), seed: int = 0,
+                      background_max_coverage: float = 0.05, min_coverage: float = 0.3) -> dict[str, float]:
+    """The best AUROC one linear feature of this block can reach for each attribute value, scored
+    exactly as the feature labels are (largest activation in each occupied grid cell, see
+    `attribute_aurocs`): a one-vs-rest logistic regression (standardised) fitted on the block
+    positions of half of the images (positions covered at least `min_coverage` by an object carry
+    its value, background positions are negatives), scored on the other half. An SAE feature is
+    one direction read through a ReLU, so this is the ceiling of its label; a gap says the SAE did
+    not learn the direction, not that the block lacks it.
+
+    Returns {"attribute=value": held-out AUROC}."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from interp.zoo.shapes import IMAGE_SIZE, object_mask
+
+    n, c, h, w = updates.shape
+    positions = updates.permute(0, 2, 3, 1).float()                      # (N, h, w, C)
+    order = np.random.default_rng(seed).permutation(n)
+    train_images = np.zeros(n, bool)
+    train_images[order[: n // 2]] = True
+    if train_images.all() or not train_images.any():
+        raise ValueError("the direction ceiling needs at least two images")
+    names, targets, occupied = cell_targets(scenes)
+    vectors, values = [], {attribute: [] for attribute in attributes}
+    for i in np.flatnonzero(train_images):
+        scene = scenes[i]
+        if scene is None:
+            continue
+        owner = np.full((h, w), -1)
+        best = np.zeros((h, w), np.float32)
+        for j, obj in enumerate(scene.objects):
+            mask = torch.from_numpy(object_mask(obj, IMAGE_SIZE).astype(np.float32))[None, None]
+            coverage = torch.nn.functional.adaptive_avg_pool2d(mask, (h, w))[0, 0].numpy()
+            owner[coverage > best] = j
+            best = np.maximum(best, coverage)
+        keep = (best >= min_coverage) | (_object_coverage(scene, h, w) < background_max_coverage)
+        vectors.append(positions[i][torch.from_numpy(keep)].numpy())
+        for attribute in attributes:
+            labels = [getattr(scene.objects[o], attribute) if b >= min_coverage else None
+                      for o, b in zip(owner[keep].tolist(), best[keep].tolist())]
+            values[attribute] += labels
+    X = np.concatenate(vectors)
+    scaler = StandardScaler().fit(X)
+    test_cells = np.repeat(~train_images, 9)[occupied]
+    results = {}
+    for t, (attribute, value) in enumerate(names):
+        if attribute not in attributes:
+            continue
+        y = np.array([v == value for v in values[attribute]])
+        target = targets[t][test_cells]
+        if y.all() or not y.any() or target.all() or not target.any():
+            continue
+        probe = LogisticRegression(max_iter=2000).fit(scaler.transform(X), y)
+        direction = torch.from_numpy((probe.coef_[0] / scaler.scale_).astype(np.float32))
+        scores = _per_cell((positions @ direction)[..., None], "amax").numpy()[occupied][test_cells]
+        results[f"{attribute}={value}"] = float(auroc_matrix(scores, target[None])[0, 0])
     return results
 
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from .evaluate import evaluate
-from .features import cell_probe_accuracy, generate_pool
+from .features import OBJECT_ATTRIBUTES, cell_probe_accuracy, direction_ceiling, generate_pool
 from .fidelity import fidelity_table, splice_fidelity
 from .sae import CFG_FILENAME, SAE
 
@@ -95,6 +95,8 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
     scenes = pool.scenes()
     if scenes is not None:
         report["block_probes"] = {block: cell_probe_accuracy(updates, scenes) for block, updates in pool.updates.items()}
+        report["direction_ceiling"] = {block: direction_ceiling(pool.updates[block], scenes, OBJECT_ATTRIBUTES)
+                                       for block in saes}
     if features_summary is not None:
         coverage = label_coverage(features_summary, TARGETS["label_auroc_min"])
         wanted = [f"colour={c}" for c in COLOURS] + [f"shape={s}" for s in SHAPES]
@@ -135,7 +137,8 @@ def _probe_table(report: dict) -> str:
     lines = ["| block | SAE | " + " | ".join(f"{a} (chance {chance[a]:.2f})" for a in attributes) + " |",
              "|---|---|" + "---:|" * len(attributes)]
     for block, entry in probes.items():
-        cells = [("**{:.2f}**" if best[a] == block else "{:.2f}").format(entry[a]["accuracy"]) if a in entry else "-"
+        cells = [(("**{:.2f}**" if best[a] == block else "{:.2f}").format(entry[a]["accuracy"])
+                  + (f" ({entry[a]['dims']:.1f})" if "dims" in entry[a] else "")) if a in entry else "-"
                  for a in attributes]
         lines.append(f"| {block} | {'yes' if block in report['blocks'] else ''} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -145,8 +148,9 @@ def _value_table(report: dict) -> str:
     by_block = report["attributes_by_block"]
     blocks = list(by_block)
     labels = sorted({label for summary in by_block.values() for label in summary})
-    lines = ["| attribute value | " + " | ".join(blocks) + " | labelled feature (block, AUROC) |",
-             "|---|" + "---:|" * len(blocks) + "---|"]
+    ceiling = report.get("direction_ceiling", {})
+    lines = ["| attribute value | " + " | ".join(blocks) + " | labelled feature (block, AUROC) | one direction |",
+             "|---|" + "---:|" * len(blocks) + "---|---:|"]
     coverage = report["label_coverage"]
     for label in labels:
         best_block = max(blocks, key=lambda b: by_block[b].get(label, -1))
@@ -154,7 +158,9 @@ def _value_table(report: dict) -> str:
                  if label in by_block[b] else "-" for b in blocks]
         cov = coverage.get(label)
         cov_text = f"#{cov['feature']} in {cov['block']}, {cov['auroc']:.3f}" if cov else "none"
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {cov_text} |")
+        reach = ceiling.get(best_block, {}).get(label)
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {cov_text} | "
+                     + (f"{reach:.3f}" if reach is not None else "-") + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -189,11 +195,15 @@ def report_markdown(report: dict) -> str:
         lines += ["", "## Which blocks carry which attributes", "",
                   "Linear probes, with or without an SAE: a logistic regression from each occupied grid cell's mean "
                   "update (standardised) to its object's attribute, fitted on half of the images and scored on the "
-                  "other half; every hookable block (bold: the best block).", "", _probe_table(report).rstrip()]
+                  "other half; every hookable block (bold: the best block). In brackets: the dimensions the block "
+                  "spends on the attribute (participation ratio of the centred value means, at most values - 1; "
+                  "`saes.features.value_mean_dims`).", "", _probe_table(report).rstrip()]
     if "attributes_by_block" in report:
         lines += ["", "## Which SAE features carry which attributes", "",
                   f"Best feature AUROC per attribute value per block over block positions, from the feature "
-                  f"analysis of {report.get('features_n_images')} images (bold: the best block).", "",
+                  f"analysis of {report.get('features_n_images')} images (bold: the best block). \"one direction\": "
+                  f"the AUROC the best single linear feature of the bold block reaches on held-out images, scored the "
+                  f"same way (`saes.features.direction_ceiling`): the ceiling of any SAE feature's label there.", "",
                   _attribute_table(report).rstrip(), "", _value_table(report).rstrip(), "",
                   f"Every colour and shape labelled at AUROC >= {t['label_auroc_min']}: "
                   f"{'yes' if report['all_colours_and_shapes_labelled'] else 'no'}"]

@@ -11,7 +11,7 @@ import torch
 
 from interp.zoo import shapes
 from saes.features import (AnalysisConfig, AnalysisPool, analyse, analyse_block, auroc_matrix, background_targets,
-                           cell_maxima, cell_probe_accuracy, cell_targets, generate_pool)
+                           cell_maxima, cell_probe_accuracy, cell_targets, direction_ceiling, generate_pool)
 from saes.library import FeatureLibrary, load_analysis_images
 from saes.sae import SAE, SAEConfig
 
@@ -140,6 +140,38 @@ def test_cell_probes_read_the_attribute_a_block_codes_and_not_one_it_lacks():
     assert probes["colour"]["accuracy"] > 0.9 > probes["colour"]["chance"] + 0.5
     assert probes["shape"]["accuracy"] < probes["shape"]["chance"] + 0.15
     assert probes["colour"]["n_test"] > 100
+
+
+def _colour_coded_updates(scenes, colour_code: np.ndarray, seed: int = 0) -> torch.Tensor:
+    """(N, channels, 8, 8) noise plus, in each object's cells, its colour's row of colour_code."""
+    rng = np.random.default_rng(seed)
+    updates = rng.normal(scale=0.3, size=(len(scenes), colour_code.shape[1], GRID, GRID)).astype(np.float32)
+    for i, scene in enumerate(scenes):
+        for obj in scene.objects:
+            cells = _cells_of(shapes.Scene((obj,), scene.background), colour=obj.colour)
+            updates[i][:, cells] += colour_code[list(shapes.COLOURS).index(obj.colour)][:, None]
+    return torch.from_numpy(updates)
+
+
+def test_value_dims_tell_a_hue_circle_from_one_direction_per_colour():
+    scenes = _scenes(200, seed=4)
+    own = 3 * np.eye(len(shapes.COLOURS), dtype=np.float32)  # colour i writes channel i
+    angles = 2 * np.pi * np.arange(len(shapes.COLOURS)) / len(shapes.COLOURS)
+    circle = np.zeros_like(own)
+    circle[:, 0], circle[:, 1] = 3 * np.cos(angles), 3 * np.sin(angles)
+    dims_own = cell_probe_accuracy(_colour_coded_updates(scenes, own), scenes)["colour"]["dims"]
+    dims_circle = cell_probe_accuracy(_colour_coded_updates(scenes, circle), scenes)["colour"]["dims"]
+    assert dims_circle == pytest.approx(2.0, abs=0.2)
+    assert dims_own > 6.0  # at most 7 for 8 colours: a simplex
+
+
+def test_direction_ceiling_reaches_the_coded_colours_and_not_the_uncoded_shapes():
+    scenes = _scenes(200, seed=5)
+    code = 2 * np.random.default_rng(1).normal(size=(len(shapes.COLOURS), 8)).astype(np.float32)
+    ceiling = direction_ceiling(_colour_coded_updates(scenes, code), scenes, ("colour", "shape"))
+    assert {label.split("=")[0] for label in ceiling} == {"colour", "shape"}
+    assert min(v for label, v in ceiling.items() if label.startswith("colour=")) > 0.95
+    assert max(v for label, v in ceiling.items() if label.startswith("shape=")) < 0.7
 
 
 def _synthetic_pool(n: int = 40) -> AnalysisPool:

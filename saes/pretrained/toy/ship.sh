@@ -24,4 +24,4 @@ python -m saes features --model toy --sae "${BLOCKS[@]/#/$OUT/}" --world 400 --w
     --pool-dir "$OUT" --out runs/sae_ship/features
 cp runs/sae_ship/features/features_summary.json "$OUT/"
 python -m saes report --model toy --root "$OUT" --features-summary "$OUT/features_summary.json" --store "$STORE" \
-    --eval-images 500 --fidelity-images 32 --threads "$THREADS"
+    --eval-images 500 --fidelity-images 32 --threads "$THREADS" --notes-file "$OUT/notes.md"
