@@ -202,12 +202,14 @@ def value_mean_dims(features: np.ndarray, targets: np.ndarray) -> float:
 
 
 def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"), seed: int = 0,
-                      background_max_coverage: float = 0.05, min_coverage: float = 0.3) -> dict[str, float]:
+                      background_max_coverage: float = 0.05, min_coverage: float = 0.3,
+                      max_positions: int = 50_000) -> dict[str, float]:
     """The best AUROC one linear feature of this block can reach for each attribute value, scored
     exactly as the feature labels are (largest activation in each occupied grid cell, see
     `attribute_aurocs`): a one-vs-rest logistic regression (standardised) fitted on the block
     positions of half of the images (positions covered at least `min_coverage` by an object carry
-    its value, background positions are negatives), scored on the other half. An SAE feature is
+    its value, background positions are negatives; at most `max_positions` of them, drawn at random,
+    which bounds the cost on SDXL-size blocks), scored on the other half. An SAE feature is
     one direction read through a ReLU, so this is the ceiling of its label; a gap says the SAE did
     not learn the direction, not that the block lacks it.
 
@@ -244,13 +246,17 @@ def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour",
                       for o, b in zip(owner[keep].tolist(), best[keep].tolist())]
             values[attribute] += labels
     X = np.concatenate(vectors)
+    values = {attribute: np.array(labels, dtype=object) for attribute, labels in values.items()}
+    if len(X) > max_positions:
+        chosen = np.sort(np.random.default_rng(seed).choice(len(X), max_positions, replace=False))
+        X, values = X[chosen], {attribute: labels[chosen] for attribute, labels in values.items()}
     scaler = StandardScaler().fit(X)
     test_cells = np.repeat(~train_images, 9)[occupied]
     results = {}
     for t, (attribute, value) in enumerate(names):
         if attribute not in attributes:
             continue
-        y = np.array([v == value for v in values[attribute]])
+        y = values[attribute] == value
         target = targets[t][test_cells]
         if y.all() or not y.any() or target.all() or not target.any():
             continue

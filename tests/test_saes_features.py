@@ -172,6 +172,9 @@ def test_direction_ceiling_reaches_the_coded_colours_and_not_the_uncoded_shapes(
     assert {label.split("=")[0] for label in ceiling} == {"colour", "shape"}
     assert min(v for label, v in ceiling.items() if label.startswith("colour=")) > 0.95
     assert max(v for label, v in ceiling.items() if label.startswith("shape=")) < 0.7
+    # a sample of the positions is enough to find the directions
+    sampled = direction_ceiling(_colour_coded_updates(scenes, code), scenes, ("colour",), max_positions=2000)
+    assert min(sampled.values()) > 0.95
 
 
 def _synthetic_pool(n: int = 40) -> AnalysisPool:
