@@ -8,6 +8,8 @@ A new architecture is added by decorating a class with `@register_trainer("name"
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Callable
 
 import torch
@@ -185,10 +187,17 @@ for _name in ("batchtopk", "jumprelu", "standard"):
 
 @register_trainer("matryoshka")
 class LensMatryoshkaTrainer(LensTrainer):
-    """sae-lens' Matryoshka BatchTopK: nested prefixes of the latents (options: matryoshka_widths,
-    e.g. [32, 128, d_sae]) must each reconstruct on their own, so early latents stay general."""
+    """sae-lens' Matryoshka BatchTopK: nested prefixes of the latents (option matryoshka_widths,
+    by default [d_sae / 16, d_sae / 4, d_sae]) must each reconstruct on their own, so early
+    latents stay general."""
 
     lens_architecture = "matryoshka_batchtopk"
+
+    def __init__(self, config):
+        if "matryoshka_widths" not in config.options:
+            widths = sorted({w for w in (config.d_sae // 16, config.d_sae // 4, config.d_sae) if w > 0})
+            config = dataclasses.replace(config, options={**config.options, "matryoshka_widths": widths})
+        super().__init__(config)
 
 
 @register_trainer("lens-topk")

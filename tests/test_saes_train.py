@@ -129,7 +129,8 @@ def test_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeyp
 
 @pytest.mark.parametrize("architecture,options", [("batchtopk", {}), ("jumprelu", {"l0_coefficient": 0.1}),
                                                   ("standard", {"l1_coefficient": 0.5}), ("lens-topk", {}),
-                                                  ("matryoshka", {"matryoshka_widths": [16, 64, 128]})])
+                                                  ("matryoshka", {"matryoshka_widths": [16, 64, 128]}),
+                                                  ("matryoshka", {})])  # default widths d_sae / 16, / 4, d_sae
 def test_sae_lens_architectures_train_through_their_own_trainer(tmp_path, architecture, options):
     config = small_config(architecture=architecture, options=options, total_tokens=256 * 8, lr=1e-3)
     sae = train(config, sparse_dictionary_stream(20), tmp_path, progress=False)
