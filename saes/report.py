@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+from interp.atomic import atomic_write_text
+
 from .evaluate import evaluate
 from .features import OBJECT_ATTRIBUTES, cell_probe_accuracy, direction_ceiling, generate_pool
 from .fidelity import fidelity_table, splice_fidelity
@@ -218,8 +220,8 @@ def report_markdown(report: dict) -> str:
 def write_report(report: dict, out_dir: str | os.PathLike) -> str:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / REPORT_JSON).write_text(json.dumps(report, indent=2))
-    md = report_markdown(report)
-    (out / REPORT_MD).write_text(md)
+    md = report_markdown(report)  # rendered first: a report that cannot render replaces nothing
+    atomic_write_text(out / REPORT_JSON, json.dumps(report, indent=2))
+    atomic_write_text(out / REPORT_MD, md)
     return md
 

@@ -1,15 +1,23 @@
 import argparse
 import json
 
+import pytest
+
 from interp.zoo import t2i_recipe
 
 
-def train(out, unet_steps: int):
+def train(out, unet_steps: int, *extra: str):
     parser = argparse.ArgumentParser()
     t2i_recipe.add_arguments(parser)
     args = parser.parse_args(["--out", str(out), "--scenes", "32", "--vae-steps", "2", "--decoder-steps", str(unet_steps), "--unet-steps", str(unet_steps),
-                              "--batch", "4", "--checkpoint-every", "2", "--probe-every", "0", "--threads", "1"])
+                              "--batch", "4", "--checkpoint-every", "2", "--probe-every", "0", "--threads", "1", *extra])
     t2i_recipe.main(args)
+
+
+def _weights(directory, component: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(next((directory / component).glob("*.safetensors")))
 
 
 def test_recipe_trains_saves_a_loadable_pipeline_and_resumes(tmp_path):
@@ -28,7 +36,6 @@ def test_recipe_trains_saves_a_loadable_pipeline_and_resumes(tmp_path):
 def test_a_new_unet_setting_keeps_the_trained_vae_but_a_new_vae_setting_does_not(tmp_path):
     from dataclasses import asdict, replace
 
-    import pytest
     import torch
 
     cfg = t2i_recipe.RecipeConfig()
@@ -56,3 +63,35 @@ def test_one_step_generation_starts_where_the_schedule_holds_no_signal():
     scheduler.set_timesteps(1)
     signal = scheduler.alphas_cumprod[int(scheduler.timesteps[0])] ** 0.5
     assert signal < 1e-3  # SDXL's own schedule leaves 0.068: an object shows through the noise
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_frozen_text_encoders_keep_their_weights_and_a_kept_vae_is_kept(tmp_path, freeze):
+    """`--freeze-text-encoders` (SDXL's way): the text encoders keep their initial weights while the UNet
+    learns; by default they learn with it. `--vae-from` keeps a saved pipeline's VAE bit for bit."""
+    import torch
+
+    from interp.zoo import WEIGHTS_DIR
+    from interp.zoo.t2i import T2IConfig, build_pipeline
+
+    kept = WEIGHTS_DIR / "t2i"
+    if not (kept / "model_index.json").exists():
+        pytest.skip("embedded t2i weights missing")
+    train(tmp_path, 2, "--vae-from", str(kept), *(["--freeze-text-encoders"] if freeze else []))
+    saved = tmp_path / "pipeline"
+    assert json.loads((saved / "recipe.json").read_text())["vae_from"] == str(kept)
+    assert all(torch.equal(v, _weights(kept, "vae")[k]) for k, v in _weights(saved, "vae").items())
+    assert json.loads((saved / "vae" / "config.json").read_text())["scaling_factor"] == pytest.approx(
+        json.loads((kept / "vae" / "config.json").read_text())["scaling_factor"])
+    torch.manual_seed(0)  # the recipe's seed, set before it builds the pipeline
+    initial = build_pipeline(T2IConfig(), tmp_path / "tokenizer").to(torch.float16)
+    for component, module in (("text_encoder", initial.text_encoder), ("unet", initial.unet)):
+        same = all(torch.equal(v, module.state_dict()[k]) for k, v in _weights(saved, component).items())
+        assert same == (component == "text_encoder" and freeze), component
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert not any(r.get("stage") in ("vae", "decoder") for r in log)  # steps 2-3 skipped
+
+
+def test_vae_from_a_directory_without_a_pipeline_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit, match="no saved pipeline VAE there"):
+        train(tmp_path, 2, "--vae-from", str(tmp_path / "nothing"))

@@ -10,10 +10,14 @@
    predict the clean latent from a noised one and a caption whose wording is drawn anew
    each time. Half the batches use the largest noise level, the one step of one-step
    generation; the rest cover every level so that several steps work too.
+   (`--freeze-text-encoders` keeps them at their random initialisation, as SDXL keeps its
+   CLIP encoders frozen; tried for #4, it left colour coded less linearly, see
+   saes/pretrained/toy/notes.md.)
 5. Save the pipeline with `save_pretrained` (fp16 safetensors).
 
 Checkpoints are written atomically every `checkpoint_every` steps; running the same
-command again resumes from the last one.
+command again resumes from the last one. `--vae-from DIR` keeps the VAE of a saved
+pipeline (steps 2-3 skipped) for a recipe change that only touches the UNet side.
 
     python -m interp.zoo train t2i --out runs/t2i --threads 2   # about 2 hours on two CPU cores
 """
@@ -61,6 +65,8 @@ class RecipeConfig:
     empty_prompt_share: float = 0.05  # unconditional samples, for classifier-free guidance
     checkpoint_every: int = 250
     threads: int = 2
+    freeze_text_encoders: bool = False  # SDXL's way; the embedded model trains them with the UNet
+    vae_from: str | None = None  # a saved pipeline whose VAE is kept instead of steps 2-3
 
 
 def render_dataset(cfg: RecipeConfig) -> tuple[list[shapes.Scene], np.ndarray, np.ndarray]:
@@ -216,8 +222,11 @@ def train_unet(pipe, scenes, latents: torch.Tensor, weights: torch.Tensor, cfg: 
                probe_every: int = 500) -> None:
     modules = torch.nn.ModuleDict({"unet": pipe.unet, "text_encoder": pipe.text_encoder,
                                    "text_encoder_2": pipe.text_encoder_2})
+    trained = pipe.unet if cfg.freeze_text_encoders else modules
+    for name in ("text_encoder", "text_encoder_2"):
+        modules[name].requires_grad_(not cfg.freeze_text_encoders)
     ckpt = out / "unet.ckpt"
-    opt = torch.optim.AdamW(modules.parameters(), lr=cfg.unet_lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(trained.parameters(), lr=cfg.unet_lr, weight_decay=0.01)
     state = load_checkpoint(ckpt, cfg)
     start = 0
     if state is not None:
@@ -231,7 +240,7 @@ def train_unet(pipe, scenes, latents: torch.Tensor, weights: torch.Tensor, cfg: 
     max_t = sched.config.num_train_timesteps - 1
     time_ids = torch.tensor([TIME_IDS], dtype=torch.float32)
     rng = np.random.default_rng(cfg.seed + 2 + start)
-    modules.train()
+    trained.train()
     bar = tqdm(range(start, cfg.unet_steps), desc="unet", initial=start, total=cfg.unet_steps)
     for step in bar:
         for g in opt.param_groups:
@@ -244,13 +253,14 @@ def train_unet(pipe, scenes, latents: torch.Tensor, weights: torch.Tensor, cfg: 
         sigma = sigmas_all[t].view(-1, 1, 1, 1)
         noise = torch.from_numpy(rng.standard_normal(x0.shape).astype(np.float32))
         model_input = (x0 + sigma * noise) / (sigma ** 2 + 1).sqrt()  # Euler's scale_model_input
-        embeds, pooled = encode_text(pipe, prompts)
+        with torch.set_grad_enabled(not cfg.freeze_text_encoders):
+            embeds, pooled = encode_text(pipe, prompts)
         pred = pipe.unet(model_input, t, embeds, added_cond_kwargs={
             "text_embeds": pooled, "time_ids": time_ids.expand(len(idx), -1)}).sample
         loss = weighted_mse(pred, x0, weights[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(modules.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained.parameters(), 1.0)
         opt.step()
         bar.set_postfix(loss=f"{loss.item():.4f}")
         if (step + 1) % 50 == 0:
@@ -262,7 +272,7 @@ def train_unet(pipe, scenes, latents: torch.Tensor, weights: torch.Tensor, cfg: 
             modules.eval()
             scores = evaluate(pipe, n_per_count={1: 48}, seed=123, progress=False)
             log({"stage": "unet", "step": step + 1, "probe": scores["1"]})
-            modules.train()
+            trained.train()
     modules.eval()
 
 
@@ -289,6 +299,21 @@ def evaluate(pipe, n_per_count: dict[int, int], seed: int = 0, steps: int = 1, b
     return results
 
 
+def keep_vae(pipe, directory: Path) -> None:
+    """Replace the pipeline's VAE by the one saved in `directory/vae` (float32), scaling factor included."""
+    from diffusers import AutoencoderKL
+
+    if not (directory / "vae" / "config.json").exists():
+        raise SystemExit(f"--vae-from {directory}: no saved pipeline VAE there (expected {directory / 'vae'})")
+    kept = AutoencoderKL.from_pretrained(directory / "vae", torch_dtype=torch.float32)
+    try:
+        pipe.vae.load_state_dict(kept.state_dict())
+    except RuntimeError as err:
+        raise SystemExit(f"--vae-from {directory}: its VAE has other sizes than this recipe's: {err}") from None
+    pipe.vae.register_to_config(scaling_factor=kept.config.scaling_factor)
+    pipe.vae.eval()
+
+
 def set_scaling_factor(pipe, latents: torch.Tensor) -> None:
     factor = float(1.0 / latents.std())
     pipe.vae.register_to_config(scaling_factor=factor)
@@ -297,7 +322,8 @@ def set_scaling_factor(pipe, latents: torch.Tensor) -> None:
 def main(args: argparse.Namespace) -> None:
     cfg = RecipeConfig(seed=args.seed, n_scenes=args.scenes, vae_steps=args.vae_steps, decoder_steps=args.decoder_steps,
                        unet_steps=args.unet_steps, unet_batch=args.batch, threads=args.threads,
-                       checkpoint_every=args.checkpoint_every, object_weight=args.object_weight)
+                       checkpoint_every=args.checkpoint_every, object_weight=args.object_weight,
+                       freeze_text_encoders=args.freeze_text_encoders, vae_from=args.vae_from)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(args.out)
@@ -314,16 +340,22 @@ def main(args: argparse.Namespace) -> None:
     pipe = build_pipeline(cfg.model, out / "tokenizer")
     pipe.set_progress_bar_config(disable=True)
     scenes, images, masks = render_dataset(cfg)
-    train_vae(pipe, images, masks, cfg, out, log)
+    if cfg.vae_from:
+        keep_vae(pipe, Path(cfg.vae_from))
+    else:
+        train_vae(pipe, images, masks, cfg, out, log)
     cache = out / "latents.pt"  # encoding takes minutes on a CPU: keep it for resumed runs
+    source = {"vae_steps": cfg.vae_steps, "vae_from": cfg.vae_from}
     cached = torch.load(cache, weights_only=True) if cache.exists() else None
-    if cached is not None and cached["vae_steps"] == cfg.vae_steps and len(cached["latents"]) == len(images):
+    if (cached is not None and all(cached.get(k) == v for k, v in source.items())
+            and len(cached["latents"]) == len(images)):
         latents = cached["latents"].float()
     else:
         latents = encode_latents(pipe.vae, images)
-        save_checkpoint(cache, {"vae_steps": cfg.vae_steps, "latents": latents.half()})
-    finetune_decoder(pipe, images, latents, masks, cfg, out, log)
-    set_scaling_factor(pipe, latents)
+        save_checkpoint(cache, source | {"latents": latents.half()})
+    if not cfg.vae_from:  # a kept VAE comes with its fine-tuned decoder and its scaling factor
+        finetune_decoder(pipe, images, latents, masks, cfg, out, log)
+        set_scaling_factor(pipe, latents)
     latents = latents * pipe.vae.config.scaling_factor
     weights = loss_weights(masks, latents.shape[-1], cfg.object_weight)
     del images, masks
@@ -349,5 +381,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=RecipeConfig.threads)
     parser.add_argument("--probe-every", type=int, default=500, help="probe accuracy every N UNet steps (0: never)")
     parser.add_argument("--checkpoint-every", type=int, default=RecipeConfig.checkpoint_every)
+    parser.add_argument("--freeze-text-encoders", action="store_true",
+                        help="keep the text encoders at their random initialisation (SDXL keeps its own frozen)")
+    parser.add_argument("--vae-from", default=None, metavar="DIR",
+                        help="keep the VAE of this saved pipeline (e.g. interp/zoo/weights/t2i) and train the UNet only")
     parser.add_argument("--object-weight", type=float, default=RecipeConfig.object_weight,
                         help="extra loss weight on object pixels (lower it late in training)")
