@@ -95,3 +95,26 @@ def test_frozen_text_encoders_keep_their_weights_and_a_kept_vae_is_kept(tmp_path
 def test_vae_from_a_directory_without_a_pipeline_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no saved pipeline VAE there"):
         train(tmp_path, 2, "--vae-from", str(tmp_path / "nothing"))
+
+
+def test_pretrained_text_encoders_learn_to_match_captions_to_images_then_stay_frozen(tmp_path):
+    """`--pretrain-text-encoders N`: a toy CLIP stage trains both encoders against the latents (retrieval within
+    the batch rises above chance), resumes from its checkpoint, and the UNet stage then keeps them frozen."""
+    import torch
+
+    from interp.zoo import WEIGHTS_DIR
+
+    kept = WEIGHTS_DIR / "t2i"
+    if not (kept / "model_index.json").exists():
+        pytest.skip("embedded t2i weights missing")
+    train(tmp_path, 0, "--vae-from", str(kept), "--pretrain-text-encoders", "50")
+    train(tmp_path, 2, "--vae-from", str(kept), "--pretrain-text-encoders", "100")  # resumes at step 50
+    log = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert {"stage": "text", "resumed_at": 50} in [{k: r[k] for k in ("stage", "resumed_at") if k in r} for r in log]
+    retrieval = [r["retrieval"] for r in log if r.get("stage") == "text" and "retrieval" in r]
+    assert retrieval[-1] > 0.5  # 32 captions, chance 1/32
+    recipe = json.loads((tmp_path / "pipeline" / "recipe.json").read_text())
+    assert recipe["freeze_text_encoders"] and recipe["text_pretrain_steps"] == 100
+    state = torch.load(tmp_path / "text.ckpt", weights_only=True)["modules"]
+    saved = _weights(tmp_path / "pipeline", "text_encoder")
+    assert all(torch.equal(v, state["text_encoder." + k].half()) for k, v in saved.items())

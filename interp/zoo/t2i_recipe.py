@@ -12,7 +12,8 @@
    generation; the rest cover every level so that several steps work too.
    (`--freeze-text-encoders` keeps them at their random initialisation, as SDXL keeps its
    CLIP encoders frozen; tried for #4, it left colour coded less linearly, see
-   saes/pretrained/toy/notes.md.)
+   saes/pretrained/toy/notes.md. `--pretrain-text-encoders N` first trains them for N steps
+   as CLIP's text tower, against a small image tower on the latents, then freezes them.)
 5. Save the pipeline with `save_pretrained` (fp16 safetensors).
 
 Checkpoints are written atomically every `checkpoint_every` steps; running the same
@@ -66,6 +67,9 @@ class RecipeConfig:
     checkpoint_every: int = 250
     threads: int = 2
     freeze_text_encoders: bool = False  # SDXL's way; the embedded model trains them with the UNet
+    text_pretrain_steps: int = 0  # > 0: pretrain both text encoders contrastively (a toy CLIP), then freeze them
+    text_pretrain_batch: int = 256
+    text_pretrain_lr: float = 1e-3
     vae_from: str | None = None  # a saved pipeline whose VAE is kept instead of steps 2-3
 
 
@@ -111,6 +115,8 @@ VAE_MODEL_FIELDS = ("image_size", "vae_channels", "latent_channels")
 def _recipe_identity(config: dict, stage: str = "unet") -> dict:
     """What must match to resume `stage`: a new UNet or scheduler setting keeps the trained VAE."""
     config = {k: v for k, v in json.loads(json.dumps(config)).items() if k not in RESUMABLE_CHANGES}
+    if stage == "text":  # a longer pretraining resumes the shorter one; the UNet trained on that one does not
+        config.pop("text_pretrain_steps", None)
     if stage == "unet":  # the UNet learns the encoder's latents: how the decoder is fine-tuned does not matter
         config = {k: v for k, v in config.items() if k not in DECODER_FIELDS}
     if stage in ("vae", "decoder"):
@@ -218,6 +224,71 @@ def encode_text(pipe, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     return embeds, pooled
 
 
+class LatentTower(torch.nn.Module):
+    """The image side of the toy CLIP: a small CNN from a scaled latent to one embedding per text encoder."""
+
+    def __init__(self, latent_channels: int, dims: tuple[int, int], width: int = 64):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(latent_channels, width, 3, stride=2, padding=1), torch.nn.GELU(),
+            torch.nn.Conv2d(width, width, 3, stride=2, padding=1), torch.nn.GELU(), torch.nn.Flatten())
+        self.heads = torch.nn.ModuleList(torch.nn.LazyLinear(d) for d in dims)
+
+    def forward(self, latents: torch.Tensor) -> list[torch.Tensor]:
+        h = self.body(latents)
+        return [head(h) for head in self.heads]
+
+
+def pretrain_text_encoders(pipe, scenes, latents: torch.Tensor, cfg: RecipeConfig, out: Path, log) -> None:
+    """Train both text encoders as CLIP trains its text tower, against a small image tower on the latents
+    (symmetric InfoNCE within the batch, learned temperature): SDXL's frozen encoders come out of such a
+    contrastive pretraining, so words keep meanings of their own instead of whatever the UNet needs.
+    The first encoder's pooled (end-of-text) state gets a linear head of its own; the second's text projection
+    is its own. The heads and the image tower are dropped afterwards."""
+    enc1, enc2 = pipe.text_encoder, pipe.text_encoder_2
+    dims = (cfg.model.text_projection, cfg.model.text_projection)
+    tower = LatentTower(cfg.model.latent_channels, dims)
+    tower(latents[:1])  # materialise the lazy heads
+    head1 = torch.nn.Linear(enc1.config.hidden_size, dims[0], bias=False)
+    scale = torch.nn.Parameter(torch.tensor(np.log(1 / 0.07), dtype=torch.float32))
+    modules = torch.nn.ModuleDict({"text_encoder": enc1, "text_encoder_2": enc2, "tower": tower, "head1": head1})
+    opt = torch.optim.AdamW(list(modules.parameters()) + [scale], lr=cfg.text_pretrain_lr, weight_decay=0.01)
+    ckpt = out / "text.ckpt"
+    state = load_checkpoint(ckpt, cfg, "text")
+    start = 0
+    if state is not None:
+        modules.load_state_dict(state["modules"])
+        scale.data.copy_(state["scale"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+        log({"stage": "text", "resumed_at": start})
+    rng = np.random.default_rng(cfg.seed + 4 + start)
+    modules.train()
+    batch = min(cfg.text_pretrain_batch, len(scenes))
+    targets = torch.arange(batch)  # caption i belongs to image i
+    for step in tqdm(range(start, cfg.text_pretrain_steps), desc="text", initial=start, total=cfg.text_pretrain_steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg.text_pretrain_steps, cfg.text_pretrain_lr, min(cfg.warmup, cfg.text_pretrain_steps // 10))
+        idx = rng.choice(len(scenes), size=batch, replace=False)
+        ids = pipe.tokenizer([shapes.caption(scenes[i], rng) for i in idx], padding="max_length",
+                             max_length=pipe.tokenizer.model_max_length, truncation=True, return_tensors="pt").input_ids
+        texts = [head1(enc1(ids).pooler_output), enc2(ids).text_embeds]
+        loss = 0.0
+        for text, image in zip(texts, tower(latents[idx])):
+            logits = scale.exp().clamp(max=100) * F.normalize(text, dim=-1) @ F.normalize(image, dim=-1).T
+            loss = loss + (F.cross_entropy(logits, targets) + F.cross_entropy(logits.T, targets)) / 4
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if (step + 1) % 50 == 0:
+            accuracy = float((logits.argmax(1) == targets).float().mean())
+            log({"stage": "text", "step": step + 1, "loss": loss.item(), "retrieval": accuracy})
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.text_pretrain_steps:
+            save_checkpoint(ckpt, {"modules": modules.state_dict(), "scale": scale.data, "opt": opt.state_dict(),
+                                   "step": step + 1, "config": json.dumps(asdict(cfg), sort_keys=True)})
+    modules.eval()
+
+
 def train_unet(pipe, scenes, latents: torch.Tensor, weights: torch.Tensor, cfg: RecipeConfig, out: Path, log,
                probe_every: int = 500) -> None:
     modules = torch.nn.ModuleDict({"unet": pipe.unet, "text_encoder": pipe.text_encoder,
@@ -323,7 +394,8 @@ def main(args: argparse.Namespace) -> None:
     cfg = RecipeConfig(seed=args.seed, n_scenes=args.scenes, vae_steps=args.vae_steps, decoder_steps=args.decoder_steps,
                        unet_steps=args.unet_steps, unet_batch=args.batch, threads=args.threads,
                        checkpoint_every=args.checkpoint_every, object_weight=args.object_weight,
-                       freeze_text_encoders=args.freeze_text_encoders, vae_from=args.vae_from)
+                       freeze_text_encoders=args.freeze_text_encoders or args.pretrain_text_encoders > 0,
+                       text_pretrain_steps=args.pretrain_text_encoders, vae_from=args.vae_from)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(args.out)
@@ -359,6 +431,8 @@ def main(args: argparse.Namespace) -> None:
     latents = latents * pipe.vae.config.scaling_factor
     weights = loss_weights(masks, latents.shape[-1], cfg.object_weight)
     del images, masks
+    if cfg.text_pretrain_steps:
+        pretrain_text_encoders(pipe, scenes, latents, cfg, out, log)
     train_unet(pipe, scenes, latents, weights, cfg, out, log, probe_every=args.probe_every)
     final = Path(args.save_to) if args.save_to else out / "pipeline"
     pipe.to(torch.float16).save_pretrained(final, safe_serialization=True)
@@ -383,6 +457,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=RecipeConfig.checkpoint_every)
     parser.add_argument("--freeze-text-encoders", action="store_true",
                         help="keep the text encoders at their random initialisation (SDXL keeps its own frozen)")
+    parser.add_argument("--pretrain-text-encoders", type=int, default=0, metavar="STEPS",
+                        help="pretrain both text encoders contrastively against the images for STEPS steps (a toy CLIP) "
+                             "and keep them frozen while the UNet trains, as SDXL's CLIP encoders")
     parser.add_argument("--vae-from", default=None, metavar="DIR",
                         help="keep the VAE of this saved pipeline (e.g. interp/zoo/weights/t2i) and train the UNet only")
     parser.add_argument("--object-weight", type=float, default=RecipeConfig.object_weight,
