@@ -92,9 +92,11 @@ def test_frozen_text_encoders_keep_their_weights_and_a_kept_vae_is_kept(tmp_path
     assert not any(r.get("stage") in ("vae", "decoder") for r in log)  # steps 2-3 skipped
 
 
-def test_vae_from_a_directory_without_a_pipeline_is_a_clear_error(tmp_path):
+def test_vae_from_a_directory_without_a_pipeline_or_negative_pretraining_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit, match="no saved pipeline VAE there"):
         train(tmp_path, 2, "--vae-from", str(tmp_path / "nothing"))
+    with pytest.raises(SystemExit, match="must be 0 .none. or a number of steps"):
+        train(tmp_path, 2, "--pretrain-text-encoders", "-5")
 
 
 def test_pretrained_text_encoders_learn_to_match_captions_to_images_then_stay_frozen(tmp_path):

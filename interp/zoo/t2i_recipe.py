@@ -281,7 +281,7 @@ def pretrain_text_encoders(pipe, scenes, latents: torch.Tensor, cfg: RecipeConfi
         loss.backward()
         opt.step()
         if (step + 1) % 50 == 0:
-            accuracy = float((logits.argmax(1) == targets).float().mean())
+            accuracy = float((logits.argmax(1) == targets).float().mean())  # the second encoder's
             log({"stage": "text", "step": step + 1, "loss": loss.item(), "retrieval": accuracy})
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.text_pretrain_steps:
             save_checkpoint(ckpt, {"modules": modules.state_dict(), "scale": scale.data, "opt": opt.state_dict(),
@@ -391,6 +391,8 @@ def set_scaling_factor(pipe, latents: torch.Tensor) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
+    if args.pretrain_text_encoders < 0:
+        raise SystemExit(f"--pretrain-text-encoders must be 0 (none) or a number of steps, not {args.pretrain_text_encoders}")
     cfg = RecipeConfig(seed=args.seed, n_scenes=args.scenes, vae_steps=args.vae_steps, decoder_steps=args.decoder_steps,
                        unet_steps=args.unet_steps, unet_batch=args.batch, threads=args.threads,
                        checkpoint_every=args.checkpoint_every, object_weight=args.object_weight,
