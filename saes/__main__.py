@@ -253,6 +253,22 @@ def _report(args) -> int:
     return 0
 
 
+def _probe(args) -> int:
+    from interp.atomic import atomic_write_text
+
+    from .report import probe_blocks, probe_markdown
+
+    model = _load_model(args)
+    probes = probe_blocks(model, n_images=args.images, world_seed=args.world_seed, seed=args.seed)
+    md = probe_markdown(probes)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "probes.json", json.dumps(probes, indent=2))
+    atomic_write_text(out / "PROBES.md", md)
+    print(md, end="")
+    return 0
+
+
 def _import_sdxl(args) -> int:
     from .importers import import_openai_topk
 
@@ -344,6 +360,18 @@ def main(argv: list[str] | None = None) -> int:
     re_.add_argument("--threads", type=int, default=1)
     re_.add_argument("--out", default=None, help="default: --root")
     re_.set_defaults(run=_report)
+
+    pr = commands.add_parser("probe", help="where a model codes each attribute, before any SAE: linear probes, "
+                                           "dimensions and the one-direction ceiling of every block (shapes world)")
+    pr.add_argument("--model", default="toy", help="toy, a saved pipeline directory (e.g. a recipe run's), ...")
+    pr.add_argument("--images", type=int, default=300, help="fresh shapes-world generations")
+    pr.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    pr.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    pr.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
+    pr.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
+    pr.add_argument("--threads", type=int, default=1)
+    pr.add_argument("--out", required=True, help="directory for probes.json and PROBES.md")
+    pr.set_defaults(run=_probe)
 
     im = commands.add_parser("import-sdxl", help="convert a published SDXL Turbo SAE (state_dict.pth) to sae-lens format")
     im.add_argument("--checkpoint", required=True, help="state_dict.pth or its directory (with mean.pt / std.pt)")

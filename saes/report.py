@@ -96,9 +96,7 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
               "world_seed": world_seed, "seed": seed, "targets": TARGETS, "blocks": blocks}
     scenes = pool.scenes()
     if scenes is not None:
-        report["block_probes"] = {block: cell_probe_accuracy(updates, scenes) for block, updates in pool.updates.items()}
-        report["direction_ceiling"] = {block: direction_ceiling(pool.updates[block], scenes, OBJECT_ATTRIBUTES)
-                                       for block in saes}
+        report |= block_geometry(pool.updates, scenes, ceiling_blocks=list(saes))
     if features_summary is not None:
         coverage = label_coverage(features_summary, TARGETS["label_auroc_min"])
         wanted = [f"colour={c}" for c in COLOURS] + [f"shape={s}" for s in SHAPES]
@@ -113,6 +111,46 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
             coverage.get(label, {}).get("meets_target", False) for label in wanted)
         report["features_n_images"] = features_summary.get("n_images")
     return report
+
+
+def block_geometry(updates: dict[str, "torch.Tensor"], scenes: list, ceiling_blocks: list[str] | None = None) -> dict:
+    """Where each attribute lives, SAE or not: per block the linear cell probe (accuracy and the dimensions
+    spent, `cell_probe_accuracy`) and, for `ceiling_blocks` (default: all), the best single direction's AUROC
+    per colour and shape value (`direction_ceiling`)."""
+    ceiling_blocks = list(updates) if ceiling_blocks is None else ceiling_blocks
+    return {"block_probes": {block: cell_probe_accuracy(u, scenes) for block, u in updates.items()},
+            "direction_ceiling": {block: direction_ceiling(updates[block], scenes, OBJECT_ATTRIBUTES)
+                                  for block in ceiling_blocks}}
+
+
+def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 100_000) -> dict:
+    """`block_geometry` of every hookable block of `model` on `n_images` fresh shapes-world generations: the
+    check of a new or retrained model before any SAE is trained on it (a colour that lives on a plane with its
+    neighbours, 2 dimensions for 8 values, gets no feature of its own; see saes/pretrained/toy/notes.md)."""
+    from interp.store import world_prompts
+
+    prompts = world_prompts(n_images, world_seed)
+    pool = generate_pool(model, list(model.blocks), prompts, [seed + i for i in range(n_images)])
+    return {"model": model.name, "n_images": n_images, "world_seed": world_seed, "seed": seed,
+            **block_geometry(pool.updates, pool.scenes())}
+
+
+def probe_markdown(probes: dict) -> str:
+    ceiling = probes["direction_ceiling"]
+    labels = list(dict.fromkeys(label for entry in ceiling.values() for label in entry))
+    best = {label: max(ceiling, key=lambda b: ceiling[b].get(label, -1)) for label in labels}
+    lines = [f"# Where {probes['model']} codes each attribute", "",
+             f"{probes['n_images']} fresh shapes-world generations. Linear probe accuracy per block (in brackets: the "
+             "dimensions spent on the attribute, `saes.features.value_mean_dims`):", "", _probe_table(probes).rstrip(),
+             "", "The best single linear direction's held-out AUROC per value (`saes.features.direction_ceiling`), "
+             "the ceiling of any SAE feature's label in that block:", "",
+             "| block | " + " | ".join(label.split("=")[1] for label in labels) + " |",
+             "|---|" + "---:|" * len(labels)]
+    for block, entry in ceiling.items():
+        lines.append(f"| {block} | " + " | ".join(
+            ("**{:.2f}**" if best[label] == block else "{:.2f}").format(entry[label]) if label in entry else "-"
+            for label in labels) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _attribute_table(report: dict) -> str:
@@ -136,13 +174,15 @@ def _probe_table(report: dict) -> str:
     attributes = list(dict.fromkeys(a for entry in probes.values() for a in entry))
     chance = {a: next(e[a]["chance"] for e in probes.values() if a in e) for a in attributes}
     best = {a: max((b for b in probes if a in probes[b]), key=lambda b: probes[b][a]["accuracy"]) for a in attributes}
-    lines = ["| block | SAE | " + " | ".join(f"{a} (chance {chance[a]:.2f})" for a in attributes) + " |",
-             "|---|---|" + "---:|" * len(attributes)]
+    sae_column = "blocks" in report  # a report of SAEs marks the blocks that have one
+    lines = ["| block | " + ("SAE | " if sae_column else "") + " | ".join(f"{a} (chance {chance[a]:.2f})" for a in attributes)
+             + " |", "|---|" + ("---|" if sae_column else "") + "---:|" * len(attributes)]
     for block, entry in probes.items():
         cells = [(("**{:.2f}**" if best[a] == block else "{:.2f}").format(entry[a]["accuracy"])
                   + (f" ({entry[a]['dims']:.1f})" if "dims" in entry[a] else "")) if a in entry else "-"
                  for a in attributes]
-        lines.append(f"| {block} | {'yes' if block in report['blocks'] else ''} | " + " | ".join(cells) + " |")
+        sae = (" yes |" if block in report["blocks"] else " |") if sae_column else ""
+        lines.append(f"| {block} |{sae} " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -92,4 +92,42 @@ def test_help_lists_the_commands():
     done = subprocess.run([sys.executable, "-m", "saes", "--help"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0
-    assert all(command in done.stdout for command in ("train", "eval", "import-sdxl"))
+    assert all(command in done.stdout for command in ("train", "eval", "features", "report", "probe", "import-sdxl"))
+
+
+def test_probe_finds_where_the_toy_codes_shape_and_colour_before_any_sae(tmp_path, capsys):
+    """`python -m saes probe`: the check of a (re)trained model before SAEs are trained on it. On the embedded toy
+    it finds shape in up_blocks.1.attentions.1 and colour in up_blocks.1.attentions.2 (README, REPORT.md)."""
+    from interp.models.t2i import TOY_BLOCKS
+
+    assert main(["probe", "--model", "toy", "--images", "60", "--out", str(tmp_path)]) == 0
+    probes = json.loads((tmp_path / "probes.json").read_text())
+    accuracy = {b: {a: r["accuracy"] for a, r in entry.items()} for b, entry in probes["block_probes"].items()}
+    assert set(TOY_BLOCKS) <= set(accuracy)  # every hookable block, not only the analysed ones
+    assert max(accuracy, key=lambda b: accuracy[b]["shape"]) == "up_blocks.1.attentions.1"
+    assert max(accuracy, key=lambda b: accuracy[b]["colour"]) == "up_blocks.1.attentions.2"
+    colour_ceiling = probes["direction_ceiling"]["up_blocks.1.attentions.2"]
+    assert min(v for k, v in colour_ceiling.items() if k.startswith("colour=")) > 0.85
+    assert 1.5 < probes["block_probes"]["up_blocks.1.attentions.2"]["colour"]["dims"] < 3  # the hue plane
+    md = (tmp_path / "PROBES.md").read_text()
+    assert md == capsys.readouterr().out and "| up_blocks.1.attentions.2 | **" in md
+
+
+def test_report_of_the_shipped_saes_end_to_end(tmp_path, capsys):
+    """`python -m saes report` on few images: every SAE block measured, every hookable block probed (with a
+    column that marks the SAE blocks), the one-direction ceiling for the SAE blocks, and the notes appended."""
+    from interp.models.t2i import TOY_BLOCKS
+
+    root = REPO / "saes" / "pretrained" / "toy"
+    notes = tmp_path / "notes.md"
+    notes.write_text("### A note\n\nmeasured here.")
+    argv = ["report", "--model", "toy", "--root", str(root), "--features-summary", str(root / "features_summary.json"),
+            "--eval-images", "12", "--fidelity-images", "2", "--notes-file", str(notes), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert sorted(report["blocks"]) == sorted(TOY_BLOCKS)
+    assert all(0 < entry["explained_variance"] <= 1 for entry in report["blocks"].values())
+    assert set(report["block_probes"]) > set(TOY_BLOCKS) and sorted(report["direction_ceiling"]) == sorted(TOY_BLOCKS)
+    md = (tmp_path / "REPORT.md").read_text()
+    assert "| block | SAE |" in md and "| up_blocks.1.attentions.0 | |" in md and md.rstrip().endswith("measured here.")
+    assert "model_weights_sha256" in report and md == capsys.readouterr().out

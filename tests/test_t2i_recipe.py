@@ -27,9 +27,12 @@ def test_recipe_trains_saves_a_loadable_pipeline_and_resumes(tmp_path):
     resumed = [r for r in log if "resumed_at" in r]
     assert {(r["stage"], r["resumed_at"]) for r in resumed} == {("vae", 2), ("decoder", 2), ("unet", 2)}
     from interp.models import load_t2i
+    from interp.models.t2i import TOY_BLOCKS
 
     model = load_t2i(str(tmp_path / "pipeline"), device="cpu")
     assert model.vocabulary and "circle" in model.vocabulary
+    # used as the toy is (not as an unknown pipeline: 30 steps with guidance)
+    assert (model.default_steps, model.default_guidance) == (1, 0.0) and model.default_blocks == TOY_BLOCKS
     assert model.generate("a red circle", seed=0)[0].size == (64, 64)
 
 

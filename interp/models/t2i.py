@@ -38,11 +38,21 @@ KNOWN_MODELS = {
 }
 
 MAX_STEPS = 1000
+RECIPE_FILE = "recipe.json"  # written by `python -m interp.zoo train t2i` next to the pipeline it saves
+
+
+def _recipe_made(path: str) -> KnownModel | None:
+    """A pipeline directory saved by the toy's recipe (a retrained or variant toy) is used as the toy is: one step,
+    no guidance, the toy's analysed blocks. Without this it would fall back to 30 steps with guidance."""
+    if os.path.isdir(path) and (Path(path) / RECIPE_FILE).exists():
+        toy = KNOWN_MODELS["toy"]
+        return KnownModel(path, toy.default_steps, toy.default_guidance, blocks=toy.blocks)
+    return None
 
 
 def default_blocks(name_or_path: str) -> tuple[str, ...]:
     """The blocks a model is analysed at by default (SDXL's four for any model not known by name)."""
-    known = KNOWN_MODELS.get(name_or_path)
+    known = KNOWN_MODELS.get(name_or_path) or _recipe_made(name_or_path)
     return known.blocks if known else SDXL_BLOCKS
 MAX_SIDE = 2048
 
@@ -166,7 +176,7 @@ def resolve(name_or_path: str) -> tuple[str, KnownModel | None]:
     if name_or_path in KNOWN_MODELS:
         return KNOWN_MODELS[name_or_path].source, KNOWN_MODELS[name_or_path]
     if os.path.isdir(name_or_path):
-        return name_or_path, None
+        return name_or_path, _recipe_made(name_or_path)
     if "/" in name_or_path and not name_or_path.startswith((".", "/")):
         return name_or_path, None  # a hub repository id
     raise ModelError(f"unknown model {name_or_path!r}: use one of {', '.join(KNOWN_MODELS)}, "
