@@ -116,7 +116,7 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
 def block_geometry(updates: dict[str, "torch.Tensor"], scenes: list, ceiling_blocks: list[str] | None = None) -> dict:
     """Where each attribute lives, SAE or not: per block the linear cell probe (accuracy and the dimensions
     spent, `cell_probe_accuracy`) and, for `ceiling_blocks` (default: all), the best single direction's AUROC
-    per colour and shape value (`direction_ceiling`)."""
+    per object attribute value (`direction_ceiling`)."""
     ceiling_blocks = list(updates) if ceiling_blocks is None else ceiling_blocks
     return {"block_probes": {block: cell_probe_accuracy(u, scenes) for block, u in updates.items()},
             "direction_ceiling": {block: direction_ceiling(updates[block], scenes, OBJECT_ATTRIBUTES)
