@@ -201,6 +201,65 @@ def value_mean_dims(features: np.ndarray, targets: np.ndarray) -> float:
     return float(squares.sum() ** 2 / (squares ** 2).sum()) if squares.sum() > 0 else 0.0
 
 
+def object_vectors(updates: torch.Tensor, scenes: list, min_coverage: float = 0.6) -> tuple[np.ndarray, list]:
+    """Each object's mean update over the block positions it covers at least `min_coverage` (its interior):
+    (vectors (objects, channels), objects), objects in scene order; an object too small to cover any
+    position fully enough is left out."""
+    from interp.zoo.shapes import IMAGE_SIZE, object_mask
+
+    n, c, h, w = updates.shape
+    vectors, objects = [], []
+    for i, scene in enumerate(scenes):
+        for obj in (scene.objects if scene is not None else ()):
+            mask = torch.from_numpy(object_mask(obj, IMAGE_SIZE).astype(np.float32))[None, None]
+            inside = torch.nn.functional.adaptive_avg_pool2d(mask, (h, w))[0, 0] >= min_coverage
+            if inside.any():
+                vectors.append(updates[i][:, inside].float().mean(1).numpy())
+                objects.append(obj)
+    return (np.stack(vectors) if vectors else np.zeros((0, c), np.float32)), objects
+
+
+def mixture_distances(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"),
+                      min_coverage: float = 0.6) -> dict[str, float]:
+    """`value_mixture_distances` of each attribute over the objects' interior vectors (`object_vectors`):
+    {"attribute=value": distance}."""
+    vectors, objects = object_vectors(updates, scenes, min_coverage)
+    results = {}
+    for attribute in attributes:
+        values = list(dict.fromkeys(n[1] for n in attribute_names() if n[0] == attribute))
+        targets = np.array([[getattr(o, attribute) == v for o in objects] for v in values]).reshape(len(values), -1)
+        for value, d in zip(values, value_mixture_distances(vectors, targets)):
+            if np.isfinite(d):
+                results[f"{attribute}={value}"] = float(d)
+    return results
+
+
+def value_mixture_distances(features: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """How far each value's mean lies from every mixture of the other values' means: the distance to the
+    convex hull of their means, in units of the RMS distance of a row from its own value's mean
+    (features (rows, channels), e.g. objects; targets (values, rows) bool; NaN for a value without rows).
+
+    An SAE feature is a ReLU of one direction; a value whose mean is a mixture of others' (distance near 0,
+    e.g. an orange halfway between red and yellow in a block that renders colour as RGB) is reconstructed
+    from their features and gets none of its own. Extreme values (distance of a few tenths or more) do."""
+    from scipy.optimize import nnls
+
+    present = np.array([t.any() for t in targets])
+    means = np.stack([features[t].mean(0) if t.any() else np.zeros(features.shape[1]) for t in targets])
+    spread = np.sqrt(np.mean([((features[t] - m) ** 2).sum(1).mean() for t, m in zip(targets, means) if t.any()]))
+    scale = max(np.abs(means).max(), 1e-12)
+    out = np.full(len(targets), np.nan)
+    for v in np.flatnonzero(present):
+        others = means[present & (np.arange(len(targets)) != v)]
+        if len(others) == 0:
+            continue
+        # min ||m_v - w @ others|| over w >= 0, sum w = 1: nnls with the sum held by a heavily weighted row
+        weight = 1e3 * scale
+        w, _ = nnls(np.vstack([others.T, weight * np.ones(len(others))]), np.append(means[v], weight))
+        out[v] = np.linalg.norm(means[v] - w @ others) / spread if spread > 0 else np.nan
+    return out
+
+
 def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"), seed: int = 0,
                       background_max_coverage: float = 0.05, min_coverage: float = 0.3,
                       max_positions: int = 50_000) -> dict[str, float]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from interp.atomic import atomic_write_text
 
 from .evaluate import evaluate
-from .features import OBJECT_ATTRIBUTES, cell_probe_accuracy, direction_ceiling, generate_pool
+from .features import OBJECT_ATTRIBUTES, cell_probe_accuracy, direction_ceiling, generate_pool, mixture_distances
 from .fidelity import fidelity_table, splice_fidelity
 from .sae import CFG_FILENAME, SAE
 
@@ -120,7 +120,9 @@ def block_geometry(updates: dict[str, "torch.Tensor"], scenes: list, ceiling_blo
     ceiling_blocks = list(updates) if ceiling_blocks is None else ceiling_blocks
     return {"block_probes": {block: cell_probe_accuracy(u, scenes) for block, u in updates.items()},
             "direction_ceiling": {block: direction_ceiling(updates[block], scenes, OBJECT_ATTRIBUTES)
-                                  for block in ceiling_blocks}}
+                                  for block in ceiling_blocks},
+            "mixture_distance": {block: mixture_distances(updates[block], scenes, ("colour", "shape"))
+                                 for block in ceiling_blocks}}
 
 
 def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 100_000) -> dict:
@@ -136,17 +138,29 @@ def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 10
 
 
 def probe_markdown(probes: dict) -> str:
-    ceiling = probes["direction_ceiling"]
-    labels = list(dict.fromkeys(label for entry in ceiling.values() for label in entry))
-    best = {label: max(ceiling, key=lambda b: ceiling[b].get(label, -1)) for label in labels}
+    mixture = probes.get("mixture_distance", {})
     lines = [f"# Where {probes['model']} codes each attribute", "",
              f"{probes['n_images']} fresh shapes-world generations. Linear probe accuracy per block (in brackets: the "
              "dimensions spent on the attribute, `saes.features.value_mean_dims`):", "", _probe_table(probes).rstrip(),
              "", "The best single linear direction's held-out AUROC per value (`saes.features.direction_ceiling`), "
              "the ceiling of any SAE feature's label in that block:", "",
-             "| block | " + " | ".join(label.split("=")[1] for label in labels) + " |",
+             _per_value_table(probes["direction_ceiling"]).rstrip()]
+    if any(mixture.values()):
+        lines += ["", "How far each value's mean lies from the nearest mixture of the other values' means, in units "
+                  "of the spread of an object's interior update around its own value's mean "
+                  "(`saes.features.mixture_distances`). "
+                  "A value near 0 is a mixture of others, and an SAE reconstructs it from their features rather "
+                  "than giving it one of its own:", "", _per_value_table(mixture).rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def _per_value_table(by_block: dict[str, dict[str, float]]) -> str:
+    """Blocks (rows) by attribute values (columns, "attribute=value" keys), bold where a value is largest."""
+    labels = list(dict.fromkeys(label for entry in by_block.values() for label in entry))
+    best = {label: max(by_block, key=lambda b: by_block[b].get(label, -1)) for label in labels}
+    lines = ["| block | " + " | ".join(label.split("=")[1] for label in labels) + " |",
              "|---|" + "---:|" * len(labels)]
-    for block, entry in ceiling.items():
+    for block, entry in by_block.items():
         lines.append(f"| {block} | " + " | ".join(
             ("**{:.2f}**" if best[label] == block else "{:.2f}").format(entry[label]) if label in entry else "-"
             for label in labels) + " |")
@@ -191,8 +205,9 @@ def _value_table(report: dict) -> str:
     blocks = list(by_block)
     labels = sorted({label for summary in by_block.values() for label in summary})
     ceiling = report.get("direction_ceiling", {})
-    lines = ["| attribute value | " + " | ".join(blocks) + " | labelled feature (block, AUROC) | one direction |",
-             "|---|" + "---:|" * len(blocks) + "---|---:|"]
+    mixture = report.get("mixture_distance", {})
+    lines = ["| attribute value | " + " | ".join(blocks) + " | labelled feature (block, AUROC) | one direction | "
+             "mixture distance |", "|---|" + "---:|" * len(blocks) + "---|---:|---:|"]
     coverage = report["label_coverage"]
     for label in labels:
         best_block = max(blocks, key=lambda b: by_block[b].get(label, -1))
@@ -201,8 +216,10 @@ def _value_table(report: dict) -> str:
         cov = coverage.get(label)
         cov_text = f"#{cov['feature']} in {cov['block']}, {cov['auroc']:.3f}" if cov else "none"
         reach = ceiling.get(best_block, {}).get(label)
+        apart = mixture.get(best_block, {}).get(label)
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {cov_text} | "
-                     + (f"{reach:.3f}" if reach is not None else "-") + " |")
+                     + (f"{reach:.3f}" if reach is not None else "-") + " | "
+                     + (f"{apart:.2f}" if apart is not None else "-") + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -245,7 +262,11 @@ def report_markdown(report: dict) -> str:
                   f"Best feature AUROC per attribute value per block over block positions, from the feature "
                   f"analysis of {report.get('features_n_images')} images (bold: the best block). \"one direction\": "
                   f"the AUROC the best single linear feature of the bold block reaches on held-out images, scored the "
-                  f"same way (`saes.features.direction_ceiling`): the ceiling of any SAE feature's label there.", "",
+                  f"same way (`saes.features.direction_ceiling`): the ceiling of any SAE feature's label there. "
+                  f"\"mixture distance\": how far the value's mean update lies from every mixture of the other "
+                  f"values' means there, in units of an object's spread around its value's mean "
+                  f"(`saes.features.mixture_distances`); near 0, an SAE rebuilds the value from the others' "
+                  f"features and gives it none of its own.", "",
                   _attribute_table(report).rstrip(), "", _value_table(report).rstrip(), "",
                   f"Every colour and shape labelled at AUROC >= {t['label_auroc_min']}: "
                   f"{'yes' if report['all_colours_and_shapes_labelled'] else 'no'}"]

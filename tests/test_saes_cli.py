@@ -109,6 +109,10 @@ def test_probe_finds_where_the_toy_codes_shape_and_colour_before_any_sae(tmp_pat
     colour_ceiling = probes["direction_ceiling"]["up_blocks.1.attentions.2"]
     assert min(v for k, v in colour_ceiling.items() if k.startswith("colour=")) > 0.85
     assert 1.5 < probes["block_probes"]["up_blocks.1.attentions.2"]["colour"]["dims"] < 3  # the hue plane
+    # the colours with no SAE feature of their own are those nearest to a mixture of the others (notes.md)
+    mixture = {k.split("=")[1]: v for k, v in probes["mixture_distance"]["up_blocks.1.attentions.2"].items()
+               if k.startswith("colour=")}
+    assert set(sorted(mixture, key=mixture.get)[:3]) == {"purple", "orange", "brown"}
     md = (tmp_path / "PROBES.md").read_text()
     assert md == capsys.readouterr().out and "| up_blocks.1.attentions.2 | **" in md
 

@@ -11,7 +11,8 @@ import torch
 
 from interp.zoo import shapes
 from saes.features import (AnalysisConfig, AnalysisPool, analyse, analyse_block, auroc_matrix, background_targets,
-                           cell_maxima, cell_probe_accuracy, cell_targets, direction_ceiling, generate_pool)
+                           cell_maxima, cell_probe_accuracy, cell_targets, direction_ceiling, generate_pool,
+                           mixture_distances)
 from saes.library import FeatureLibrary, load_analysis_images
 from saes.sae import SAE, SAEConfig
 
@@ -163,6 +164,18 @@ def test_value_dims_tell_a_hue_circle_from_one_direction_per_colour():
     dims_circle = cell_probe_accuracy(_colour_coded_updates(scenes, circle), scenes)["colour"]["dims"]
     assert dims_circle == pytest.approx(2.0, abs=0.2)
     assert dims_own > 6.0  # at most 7 for 8 colours: a simplex
+
+
+def test_mixture_distance_finds_a_colour_coded_halfway_between_two_others():
+    scenes = _scenes(200, seed=6)
+    code = 3 * np.random.default_rng(2).normal(size=(len(shapes.COLOURS), 8)).astype(np.float32)
+    names = list(shapes.COLOURS)
+    code[names.index("orange")] = (code[names.index("red")] + code[names.index("yellow")]) / 2
+    mixture = mixture_distances(_colour_coded_updates(scenes, code), scenes, ("colour",))
+    assert set(mixture) == {f"colour={name}" for name in names}
+    others = min(d for name, d in mixture.items() if name != "colour=orange")
+    assert others > 1.0
+    assert mixture["colour=orange"] < 0.1 * others  # a mixture of red and yellow: no direction of its own
 
 
 def test_direction_ceiling_reaches_the_coded_colours_and_not_the_uncoded_shapes():

@@ -53,6 +53,32 @@ def test_a_new_unet_setting_keeps_the_trained_vae_but_a_new_vae_setting_does_not
                                    "vae")
 
 
+def test_a_checkpoint_of_another_shapes_world_is_refused_and_its_latents_not_reused(tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    import torch
+
+    from interp.zoo import shapes
+
+    cfg = t2i_recipe.RecipeConfig()
+    torch.save({"config": json.dumps(asdict(cfg), sort_keys=True), "step": 5}, tmp_path / "vae.ckpt")
+    assert t2i_recipe.load_checkpoint(tmp_path / "vae.ckpt", t2i_recipe.RecipeConfig(), "vae")["step"] == 5
+    monkeypatch.setitem(shapes.COLOURS, "orange", (250, 120, 10))  # a new palette draws every image anew
+    repainted = t2i_recipe.RecipeConfig()
+    assert repainted.world != cfg.world
+    for stage in ("vae", "decoder", "unet"):
+        with pytest.raises(SystemExit, match="another shapes world"):
+            t2i_recipe.load_checkpoint(tmp_path / "vae.ckpt", repainted, stage)
+    encoded = []
+    monkeypatch.setattr(t2i_recipe, "encode_latents", lambda vae, images: encoded.append(1) or torch.ones(2, 4, 8, 8))
+    images = torch.zeros(2, 64, 64, 3, dtype=torch.uint8).numpy()
+    t2i_recipe.cached_latents(tmp_path / "latents.pt", None, images, cfg)
+    t2i_recipe.cached_latents(tmp_path / "latents.pt", None, images, cfg)
+    assert len(encoded) == 1  # kept for a resumed run
+    t2i_recipe.cached_latents(tmp_path / "latents.pt", None, images, repainted)
+    assert len(encoded) == 2  # but not reused for another world's images
+
+
 def test_one_step_generation_starts_where_the_schedule_holds_no_signal():
     """Zero terminal SNR: at the first timestep of one-step generation the model input is pure noise, as in
     training, so the model cannot learn to read the clean image out of the noise."""

@@ -57,6 +57,14 @@ DEFAULT_LAYOUT = {1: ("center",), 2: ("left", "right"), 3: ("left", "center", "r
 DEFAULT_SIZE = "large"
 DEFAULT_TEXTURE = "solid"
 
+def world_fingerprint() -> str:
+    """A digest of everything that decides how a scene is drawn (palette, shapes, sizes, textures, layout):
+    a model trained on one world is not resumed, nor its latents reused, on another."""
+    drawn = (COLOURS, BACKGROUNDS, SHAPES, SIZES, TEXTURES, POSITIONS, RADIUS, TEXTURE_SHADE, IMAGE_SIZE,
+             SUPERSAMPLE)
+    return hashlib.sha256(repr(drawn).encode()).hexdigest()[:16]
+
+
 _SIZE_WORDS = {"small": "small", "little": "small", "tiny": "small",
                "large": "large", "big": "large"}
 _TEXTURE_WORDS = {"solid": "solid", "plain": "solid", "striped": "striped", "dotted": "dotted",

@@ -71,6 +71,7 @@ class RecipeConfig:
     text_pretrain_batch: int = 256
     text_pretrain_lr: float = 1e-3
     vae_from: str | None = None  # a saved pipeline whose VAE is kept instead of steps 2-3
+    world: str = field(default_factory=shapes.world_fingerprint)  # the shapes world it was trained on
 
 
 def render_dataset(cfg: RecipeConfig) -> tuple[list[shapes.Scene], np.ndarray, np.ndarray]:
@@ -107,7 +108,7 @@ RESUMABLE_CHANGES = ("vae_steps", "decoder_steps", "unet_steps", "checkpoint_eve
 
 
 # What the VAE stages depend on; the UNet stage depends on everything.
-VAE_FIELDS = ("seed", "n_scenes", "object_count_weights", "vae_batch", "vae_lr", "vae_kl_weight", "warmup")
+VAE_FIELDS = ("world", "seed", "n_scenes", "object_count_weights", "vae_batch", "vae_lr", "vae_kl_weight", "warmup")
 DECODER_FIELDS = ("decoder_batch", "decoder_lr")
 VAE_MODEL_FIELDS = ("image_size", "vae_channels", "latent_channels")
 
@@ -131,8 +132,10 @@ def load_checkpoint(path: Path, cfg: RecipeConfig, stage: str = "unet") -> dict 
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)
     if _recipe_identity(json.loads(state.get("config", "{}")), stage) != _recipe_identity(asdict(cfg), stage):
-        raise SystemExit(f"{path} was written by a different recipe configuration; "
-                         f"use another --out or delete it to start over")
+        world = json.loads(state.get("config", "{}")).get("world")
+        why = "another shapes world (palette, shapes or layout changed)" if world != cfg.world else \
+            "a different recipe configuration"
+        raise SystemExit(f"{path} was written by {why}; use another --out or delete it to start over")
     return state
 
 
@@ -390,6 +393,19 @@ def set_scaling_factor(pipe, latents: torch.Tensor) -> None:
     pipe.vae.register_to_config(scaling_factor=factor)
 
 
+def cached_latents(cache: Path, vae, images: np.ndarray, cfg: RecipeConfig) -> torch.Tensor:
+    """The VAE's latents of the training images, kept in `cache` for resumed runs (encoding takes minutes on a
+    CPU); encoded anew when the VAE or the world they were drawn from has changed."""
+    source = {"vae_steps": cfg.vae_steps, "vae_from": cfg.vae_from, "world": cfg.world}
+    cached = torch.load(cache, weights_only=True) if cache.exists() else None
+    if (cached is not None and all(cached.get(k) == v for k, v in source.items())
+            and len(cached["latents"]) == len(images)):
+        return cached["latents"].float()
+    latents = encode_latents(vae, images)
+    save_checkpoint(cache, source | {"latents": latents.half()})
+    return latents
+
+
 def main(args: argparse.Namespace) -> None:
     if args.pretrain_text_encoders < 0:
         raise SystemExit(f"--pretrain-text-encoders must be 0 (none) or a number of steps, not {args.pretrain_text_encoders}")
@@ -418,15 +434,7 @@ def main(args: argparse.Namespace) -> None:
         keep_vae(pipe, Path(cfg.vae_from))
     else:
         train_vae(pipe, images, masks, cfg, out, log)
-    cache = out / "latents.pt"  # encoding takes minutes on a CPU: keep it for resumed runs
-    source = {"vae_steps": cfg.vae_steps, "vae_from": cfg.vae_from}
-    cached = torch.load(cache, weights_only=True) if cache.exists() else None
-    if (cached is not None and all(cached.get(k) == v for k, v in source.items())
-            and len(cached["latents"]) == len(images)):
-        latents = cached["latents"].float()
-    else:
-        latents = encode_latents(pipe.vae, images)
-        save_checkpoint(cache, source | {"latents": latents.half()})
+    latents = cached_latents(out / "latents.pt", pipe.vae, images, cfg)
     if not cfg.vae_from:  # a kept VAE comes with its fine-tuned decoder and its scaling factor
         finetune_decoder(pipe, images, latents, masks, cfg, out, log)
         set_scaling_factor(pipe, latents)
