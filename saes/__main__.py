@@ -362,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     re_.set_defaults(run=_report)
 
     pr = commands.add_parser("probe", help="where a model codes each attribute, before any SAE: linear probes, "
-                                           "dimensions and the one-direction ceiling of every block (shapes world)")
+                                           "dimensions, the one-direction ceiling and the mixture distance per "
+                                           "value in every block (shapes world)")
     pr.add_argument("--model", default="toy", help="toy, a saved pipeline directory (e.g. a recipe run's), ...")
     pr.add_argument("--images", type=int, default=300, help="fresh shapes-world generations")
     pr.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
