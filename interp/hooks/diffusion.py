@@ -264,7 +264,10 @@ class UNetSession:
     def _active(self) -> bool:
         return self in _ACTIVE_SESSIONS.get()
 
-    def _on_unet_call(self, module, args, kwargs):
+    # Hooks are registered with kwargs, but torch adds a hook to the module before marking it as taking kwargs:
+    # another thread's forward on the shared UNet can call it in between without them. That call is never this
+    # session's (it is active only in its own context), so the hooks accept both forms and return at once.
+    def _on_unet_call(self, module, args, kwargs=None):
         if not self._active():
             return None
         sample = args[0] if args else kwargs["sample"]
@@ -274,9 +277,10 @@ class UNetSession:
         return None
 
     def _make_block_hook(self, name: str):
-        def hook(module, args, kwargs, output):
+        def hook(module, args, *kwargs_and_output):
             if not self._active():
                 return None
+            kwargs, output = kwargs_and_output if len(kwargs_and_output) == 2 else ({}, kwargs_and_output[0])
             block_input = args[0] if args else kwargs["hidden_states"]
             return self.on_block(name, block_input, output)
         return hook
