@@ -241,20 +241,20 @@ def value_mixture_distances(features: np.ndarray, targets: np.ndarray) -> np.nda
 
     An SAE feature is a ReLU of one direction; a value whose mean is a mixture of others' (distance near 0,
     e.g. an orange halfway between red and yellow in a block that renders colour as RGB) is reconstructed
-    from their features and gets none of its own. Extreme values (distance of a few tenths or more) do."""
+    from their features and gets none of its own. Being extreme is necessary, not sufficient: the toy's
+    labelled colours lie 0.38-1.04 away, but so do some colours that its SAEs code with shared channels."""
     from scipy.optimize import nnls
 
     present = np.array([t.any() for t in targets])
     means = np.stack([features[t].mean(0) if t.any() else np.zeros(features.shape[1]) for t in targets])
     spread = np.sqrt(np.mean([((features[t] - m) ** 2).sum(1).mean() for t, m in zip(targets, means) if t.any()]))
-    scale = max(np.abs(means).max(), 1e-12)
+    weight = 1e3 * max(np.abs(means).max(), 1e-12)  # holds sum(w) = 1 in the least-squares problem below
     out = np.full(len(targets), np.nan)
     for v in np.flatnonzero(present):
         others = means[present & (np.arange(len(targets)) != v)]
         if len(others) == 0:
             continue
         # min ||m_v - w @ others|| over w >= 0, sum w = 1: nnls with the sum held by a heavily weighted row
-        weight = 1e3 * scale
         w, _ = nnls(np.vstack([others.T, weight * np.ones(len(others))]), np.append(means[v], weight))
         out[v] = np.linalg.norm(means[v] - w @ others) / spread if spread > 0 else np.nan
     return out

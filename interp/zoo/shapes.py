@@ -57,6 +57,7 @@ DEFAULT_LAYOUT = {1: ("center",), 2: ("left", "right"), 3: ("left", "center", "r
 DEFAULT_SIZE = "large"
 DEFAULT_TEXTURE = "solid"
 
+
 def world_fingerprint() -> str:
     """A digest of everything that decides how a scene is drawn (palette, shapes, sizes, textures, layout):
     a model trained on one world is not resumed, nor its latents reused, on another."""
