@@ -131,9 +131,9 @@ def load_checkpoint(path: Path, cfg: RecipeConfig, stage: str = "unet") -> dict 
     if not path.exists():
         return None
     state = torch.load(path, map_location="cpu", weights_only=True)
-    if _recipe_identity(json.loads(state.get("config", "{}")), stage) != _recipe_identity(asdict(cfg), stage):
-        world = json.loads(state.get("config", "{}")).get("world")
-        why = "another shapes world (palette, shapes or layout changed)" if world != cfg.world else \
+    written = json.loads(state.get("config", "{}"))
+    if _recipe_identity(written, stage) != _recipe_identity(asdict(cfg), stage):
+        why = "another shapes world (palette, shapes or layout changed)" if written.get("world") != cfg.world else \
             "a different recipe configuration"
         raise SystemExit(f"{path} was written by {why}; use another --out or delete it to start over")
     return state
