@@ -16,6 +16,7 @@ import numpy as np
 
 from .diversity import DataError, PROMPT_FIELDS, read_jsonl
 from .geometry import concentration_by_layer, layer_projections, pc1_stability, structural_alignment
+from .refusals import MODEL_HELP, add_chat_template_argument
 
 
 def read_prompts(path: str | Path) -> list[str]:
@@ -41,11 +42,10 @@ def read_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
-def residuals_of(name: str, prompts: list[str], chat_template: bool, strip: bool, device: str, backend: str):
+def residuals_of(lm, prompts: list[str], chat_template: bool | None, strip: bool):
+    """``(N, L, d)`` resid_post at the last prompt token of a loaded ``interp`` language model."""
     from interp.hooks.lm import last_token_residuals
-    from interp.models.lm import load_lm
 
-    lm = load_lm(name, backend=backend, device=device)
     return last_token_residuals(lm, prompts, chat_template=chat_template, strip_trailing_punctuation=strip,
                                 progress=True).numpy()
 
@@ -155,11 +155,13 @@ def analyze_command(args) -> int:
     prompts = read_prompts(args.prompts)
     if len(prompts) < 3:
         raise DataError(f"{args.prompts}: PCA of residuals needs at least 3 prompts, got {len(prompts)}")
-    residuals = residuals_of(args.model, prompts, args.chat_template, False, args.device, args.backend)
-    stripped = residuals_of(args.model, prompts, args.chat_template, True, args.device, args.backend) \
-        if args.stability else None
-    reference = residuals_of(args.reference, prompts, args.chat_template, False, args.device, args.backend) \
-        if args.reference else None
+    from interp.models.lm import load_lm
+
+    lm = load_lm(args.model, backend=args.backend, device=args.device)
+    residuals = residuals_of(lm, prompts, args.chat_template, False)
+    stripped = residuals_of(lm, prompts, args.chat_template, True) if args.stability else None
+    reference = residuals_of(load_lm(args.reference, backend=args.backend, device=args.device), prompts,
+                             args.chat_template, False) if args.reference else None
     k = args.components if args.components == "twonn" else int(args.components)
     result = {"model": args.model, "reference": args.reference, "prompts": str(args.prompts),
               **analyse(residuals, reference, stripped, k)}
@@ -181,12 +183,12 @@ def analyze_command(args) -> int:
 
 
 def add_analyze_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="embedded name (toy-chat...), HF name or local directory")
+    parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--reference", default=None, help="reference model for the structural alignment score")
     parser.add_argument("--prompts", required=True, help="JSONL (prompt field), XSTest CSV, or text (one a line)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--components", default="3", help="number of principal components, or 'twonn'")
-    parser.add_argument("--chat-template", action="store_true")
+    add_chat_template_argument(parser)
     parser.add_argument("--no-stability", dest="stability", action="store_false",
                         help="skip the PC1 stability check (without trailing punctuation)")
     parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf")

@@ -29,9 +29,11 @@ from typing import Callable
 import torch
 
 from interp.atomic import atomic_write
+from interp.models.lm import use_chat_template
 
 from .diversity import DataError, read_jsonl
-from .refusals import context_length, evaluate_refusals, format_prompt, read_prompt_set
+from .refusals import (MODEL_HELP, add_chat_template_argument, context_length, evaluate_refusals, format_prompt,
+                       read_prompt_set)
 from .vcl import VCLConfig, select_positions, variance_concentration_loss
 
 # Settings that may change between a run and its resumption; any other change is a different run.
@@ -55,7 +57,7 @@ class FinetuneConfig:
     lora: bool = False
     lora_r: int = 8
     lora_alpha: int = 16
-    chat_template: bool = False
+    chat_template: bool | None = None  # None: when the tokenizer has one (resolved when the run starts)
     vcl: VCLConfig | None = None
     save_every: int = 50
     eval_prompts: str | None = None
@@ -210,12 +212,12 @@ def training_step(model, optimizer, micro_batches: list[dict], vcl_config: VCLCo
 
 
 def _load(config: FinetuneConfig, model=None, tokenizer=None):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from interp.models.lm import load_hf_lm
 
-    if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(config.model)
-    if model is None:
-        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=torch.float32)
+    if model is None or tokenizer is None:
+        loaded_model, loaded_tokenizer = load_hf_lm(config.model, device=config.device)
+        model = model if model is not None else loaded_model
+        tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
     model.to(config.device)
     if config.lora:
         from peft import LoraConfig, get_peft_model
@@ -306,6 +308,7 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
     eval_records = read_prompt_set(config.eval_prompts) if config.eval_prompts else None
     torch.manual_seed(config.seed)  # LoRA initialisation draws random numbers
     model, tokenizer = _load(config, model, tokenizer)
+    config.chat_template = use_chat_template(tokenizer, config.chat_template)
     limit = context_length(model)
     if limit is not None and config.max_length > limit:
         raise ValueError(f"max_length={config.max_length} exceeds the model's context of {limit}")
@@ -433,7 +436,7 @@ def vcl_command(args) -> int:
 
 
 def add_vcl_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face name or local directory")
+    parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--data", required=True, help="JSONL with prompt and completion fields")
     parser.add_argument("--out", required=True, help="run directory (resumes when it holds a checkpoint)")
     parser.add_argument("--lambda", dest="weight", type=float, default=1.0, help="VCL weight (0: plain SFT)")
@@ -451,7 +454,7 @@ def add_vcl_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (peft) instead of all weights")
     parser.add_argument("--lora-r", type=int, default=8)
-    parser.add_argument("--chat-template", action="store_true")
+    add_chat_template_argument(parser)
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--eval-prompts", default=None, help="prompt-set JSONL or XSTest CSV: evaluated before and after")
     parser.add_argument("--device", default="cpu")

