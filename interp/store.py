@@ -5,12 +5,21 @@ Layout of a store directory:
     plan.json                      what is being collected (model, blocks, prompts, seeds, steps, ...)
     shards/shard-000000.safetensors  images [0, n) : {block: (n, steps, C, H, W) fp16, "image_index": (n,)}
     shards/shard-000001.safetensors  images [n, 2n) ...
-    manifest.json                  written last: the plan, shapes, dtype and the list of shards
+    manifest.json                  written last: the plan, shapes, dtype and the list of shards,
+                                   each with the sha256 of every tensor in it
 
-Every file is written to a temporary name and renamed into place (`os.replace`), so a
-shard either exists whole or not at all. An interrupted collection resumes by skipping
-the shards that exist. Under `torchrun --nproc-per-node N`, rank r writes shards
-r, r + N, r + 2N, ... and rank 0 writes the one manifest once every shard exists.
+Every file is written to a temporary name and renamed into place (`os.replace`), readable by
+others (0o644, as `interp.atomic` writes), so a shard either exists whole or not at all. An
+interrupted collection resumes by skipping the shards that exist. Under `torchrun
+--nproc-per-node N`, rank r writes shards r, r + N, r + 2N, ... and rank 0 writes the one
+manifest once every shard exists.
+
+Checksums: each shard's tensors are hashed in memory just before they are written (no second
+pass over the file) and the digests go into the shard's own header, from which the manifest copies them.
+A reader checks a tensor against the manifest's digest the first time it reads it, so a shard
+damaged after collection (a flipped bit, a bad copy) is an error naming the shard, never
+silently wrong data. Stores written before checksums were recorded (no "sha256" in the
+manifest's shard entries) still read, unchecked.
 
 Readers: `ActivationStore(path).batches(block, batch_size)` streams shuffled float32
 (batch, channels) vectors (one per position per step per image) a window of shards at a
@@ -21,6 +30,7 @@ trainer straight from generation, with no disk.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -42,6 +52,8 @@ PLAN_FILE = "plan.json"
 MANIFEST_FILE = "manifest.json"
 SHARD_DIR = "shards"
 STORE_DTYPE = torch.float16
+CHECKSUM = "sha256"  # the key of the digests, in a shard's header metadata and its manifest entry
+FILE_MODE = 0o644
 
 
 class StoreError(ValueError):
@@ -127,6 +139,7 @@ def _atomic_write(path: Path, write) -> None:
         write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())  # the bytes are on disk before the name says the file is complete
+        os.chmod(tmp, FILE_MODE)  # safetensors, like mkstemp, would leave the file private (0o600)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -134,9 +147,17 @@ def _atomic_write(path: Path, write) -> None:
     _fsync_directory(path.parent)
 
 
-def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """A safetensors file written atomically."""
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """sha256 of a tensor's bytes as safetensors stores them (C order), hashed where they lie in memory."""
+    return hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy()).hexdigest()
+
+
+def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> dict[str, str]:
+    """A safetensors file written atomically, with each tensor's digest in its header; returns the digests."""
+    digests = {name: tensor_digest(tensor) for name, tensor in tensors.items()}
+    metadata = {**(metadata or {}), CHECKSUM: json.dumps(digests)}
     _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    return digests
 
 
 def write_json(path: Path, obj) -> None:
@@ -148,6 +169,13 @@ def _clean_temporaries(out: Path) -> None:
         if pattern_dir.is_dir():
             for tmp in pattern_dir.glob("*.tmp-*"):
                 tmp.unlink(missing_ok=True)
+
+
+def _shard_digests(path: Path) -> dict[str, str] | None:
+    """The digests in a shard's header (cheap: no tensor is read); None for a shard written without them."""
+    with safe_open(str(path), framework="pt") as f:
+        recorded = (f.metadata() or {}).get(CHECKSUM)
+    return json.loads(recorded) if recorded else None
 
 
 def _shard_is_whole(path: Path, blocks: list[str]) -> bool:
@@ -247,8 +275,14 @@ def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, 
                              f"run the same command again to resume")
         manifest = plan.to_dict()
         manifest["n_images"] = plan.n_images
-        manifest["shards"] = [{"file": f"{SHARD_DIR}/{shard_name(k)}", "start": plan.shard_range(k)[0],
-                               "stop": plan.shard_range(k)[1]} for k in range(plan.n_shards)]
+        manifest["shards"] = []
+        for k in range(plan.n_shards):
+            entry = {"file": f"{SHARD_DIR}/{shard_name(k)}", "start": plan.shard_range(k)[0],
+                     "stop": plan.shard_range(k)[1]}
+            digests = _shard_digests(shard_dir / shard_name(k))
+            if digests is not None:  # a shard written before checksums were recorded has none
+                entry[CHECKSUM] = digests
+            manifest["shards"].append(entry)
         try:
             write_json(out / MANIFEST_FILE, manifest)
         except OSError as err:
@@ -261,7 +295,10 @@ def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, 
 # ----------------------------------------------------------------------------- reading
 
 class ActivationStore:
-    """A finished store: per-image access and shuffled streams of (batch, channels) vectors."""
+    """A finished store: per-image access and shuffled streams of (batch, channels) vectors.
+
+    Each tensor read is checked against its sha256 in the manifest the first time this object reads
+    it (a `StoreError` names a damaged shard); a store written before checksums reads unchecked."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -271,11 +308,16 @@ class ActivationStore:
                 raise StoreError(f"{self.path} is an unfinished collection: run the same collect command again "
                                  f"to resume and finish it")
             raise StoreError(f"{self.path} is not an activation store (no {MANIFEST_FILE})")
-        self.manifest: dict = json.loads(manifest_file.read_text())
+        try:
+            self.manifest: dict = json.loads(manifest_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise StoreError(f"{manifest_file} is damaged ({err}); run the collect command that made the store "
+                             f"again to rewrite it") from None
         if self.manifest.get("format") != FORMAT:
             raise StoreError(f"{manifest_file} is not an {FORMAT} manifest")
         self.blocks: list[str] = list(self.manifest["blocks"])
         self.shards: list[dict] = self.manifest["shards"]
+        self._checked: set[tuple[str, str]] = set()  # (shard file, block) read and found intact
 
     def __len__(self) -> int:
         return int(self.manifest["n_images"])
@@ -299,19 +341,44 @@ class ActivationStore:
             raise StoreError(f"block {block!r} is not in the store; it holds: {', '.join(self.blocks)}")
         return self.manifest["shapes"][block]
 
+    def _damaged(self, shard: dict, problem: str) -> StoreError:
+        """The error for a shard that is missing or damaged, saying how to rewrite it."""
+        name = f"shard {shard['file']} of the store at {self.path}"
+        again = "run the collect command that made the store again to rewrite it"
+        if not (self.path / shard["file"]).is_file():
+            return StoreError(f"{name} is missing: {again}")
+        return StoreError(f"{name} {problem}: the file is damaged (a disk or copy error); delete it and {again}")
+
+    def _unchecked(self, shard: dict, block: str) -> bool:
+        return CHECKSUM in shard and (shard["file"], block) not in self._checked
+
     def _read(self, shard: dict, block: str) -> torch.Tensor:
-        """(n, steps, C, H, W) of one shard, as stored (fp16)."""
-        with safe_open(str(self.path / shard["file"]), framework="pt") as f:
-            return f.get_tensor(block)
+        """(n, steps, C, H, W) of one shard, as stored (fp16), checked against the manifest's digest."""
+        try:
+            with safe_open(str(self.path / shard["file"]), framework="pt") as f:
+                tensor = f.get_tensor(block)
+        except Exception as err:  # safetensors' own error type: a truncated file, a broken header
+            raise self._damaged(shard, f"cannot be read ({err})") from None
+        if self._unchecked(shard, block):
+            if tensor_digest(tensor) != shard[CHECKSUM].get(block):
+                raise self._damaged(shard, f"does not match its {CHECKSUM} in the manifest ({block!r})")
+            self._checked.add((shard["file"], block))
+        return tensor
 
     def image(self, index: int, block: str) -> torch.Tensor:
-        """(steps, channels, height, width) float32: the block's update at each step of image `index`."""
+        """(steps, channels, height, width) float32: the block's update at each step of image `index`.
+        The first image of a shard reads (and checks) the block's whole tensor of that shard."""
         self._shape(block)
         if not 0 <= index < len(self):
             raise IndexError(f"image {index} out of range: the store has {len(self)} images")
         shard = self.shards[index // self.manifest["images_per_shard"]]
-        with safe_open(str(self.path / shard["file"]), framework="pt") as f:
-            return f.get_slice(block)[index - shard["start"]].float()
+        if self._unchecked(shard, block):
+            return self._read(shard, block)[index - shard["start"]].float()
+        try:
+            with safe_open(str(self.path / shard["file"]), framework="pt") as f:
+                return f.get_slice(block)[index - shard["start"]].float()
+        except Exception as err:  # safetensors' own error type: a truncated file, a broken header
+            raise self._damaged(shard, f"cannot be read ({err})") from None
 
     def _shard_vectors(self, shard: dict, block: str) -> torch.Tensor:
         """(n * steps * H * W, C) float32: every position of every step of the shard's images."""
