@@ -18,6 +18,8 @@ from .sae import SAE
 def evaluate(sae: SAE, batches: Iterable[torch.Tensor], max_tokens: int | None = None,
              dense_threshold: float = 0.1) -> dict:
     """batches: (batch, d_in) tensors. Returns plain numbers plus per-feature firing frequency."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     d_in, d_sae = sae.cfg.d_in, sae.cfg.d_sae
     total = torch.zeros(d_in, dtype=torch.float64)
     total_sq = torch.zeros(d_in, dtype=torch.float64)
@@ -33,6 +35,9 @@ def evaluate(sae: SAE, batches: Iterable[torch.Tensor], max_tokens: int | None =
             raise ValueError("activations contain NaN or Inf values")
         latents = sae.encode(batch)
         reconstruction = sae.decode(latents)
+        if not torch.isfinite(reconstruction).all():
+            raise ValueError(f"the SAE's reconstruction holds NaN or Inf after {n} vectors: its weights overflow on "
+                             "these activations (a diverged SAE); retrain it with a lower learning rate")
         active = latents > 0
         total += batch.sum(0).double()
         total_sq += batch.double().pow(2).sum(0)

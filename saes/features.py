@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch
 from interp.atomic import atomic_write, atomic_write_text
 
 from .sae import SAE
+from .strict_json import write_json
 
 FEATURES_FILENAME = "features.json"
 IMAGES_FILENAME = "analysis_images.npz"
@@ -533,7 +533,7 @@ def write_pool(pool: AnalysisPool, directory: str | os.PathLike) -> None:
             np.savez_compressed(f, images=pool.images)
 
     atomic_write(directory / IMAGES_FILENAME, save_images)
-    atomic_write_text(directory / PROMPTS_FILENAME, json.dumps(pool.prompts))
+    write_json(directory / PROMPTS_FILENAME, pool.prompts)
 
 
 def write_features(sae_dir: str | os.PathLike, block: str, model_name: str, n_images: int,
@@ -541,7 +541,7 @@ def write_features(sae_dir: str | os.PathLike, block: str, model_name: str, n_im
     """features.json beside the SAE, in the format `saes.library.FeatureLibrary` reads."""
     path = Path(sae_dir) / FEATURES_FILENAME
     payload = {"block": block, "model": model_name, "n_images": int(n_images), "features": cards}
-    atomic_write_text(path, json.dumps(payload, separators=(",", ":")))
+    write_json(path, payload, separators=(",", ":"))
     return path
 
 
@@ -646,7 +646,7 @@ def analyse(saes: dict[str, tuple[SAE, Path]], pool: AnalysisPool, model_name: s
                    for block, cards in results.items()},
         "best_block": best_blocks(summaries),
     }
-    atomic_write_text(out_dir / SUMMARY_FILENAME, json.dumps(summary, indent=2))
+    write_json(out_dir / SUMMARY_FILENAME, summary, indent=2)
     atomic_write_text(out_dir / HTML_FILENAME, render_html(results, pool.images, pool.prompts, model_name,
                                                             summaries, config))
     return summary

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .sae import SAE, SAEConfig, SAEFormatError
+from .sae import SAE, SAEConfig, SAEFormatError, check_finite
 
 SDXL_TURBO_K = 10
 
@@ -28,7 +28,8 @@ def _load_tensor_file(path: Path):
 
 def import_openai_topk(checkpoint: str | Path, k: int | None = None, **metadata) -> SAE:
     """checkpoint: a state_dict.pth file or the directory holding it -> a topk `SAE`.
-    k comes from config.json beside it, else the argument, else SDXL Turbo's 10."""
+    k is the argument, else config.json's beside it, else SDXL Turbo's 10. Weights holding NaN or
+    infinities are refused."""
     checkpoint = Path(checkpoint)
     directory = checkpoint if checkpoint.is_dir() else checkpoint.parent
     weights_path = directory / "state_dict.pth" if checkpoint.is_dir() else checkpoint
@@ -41,6 +42,7 @@ def import_openai_topk(checkpoint: str | Path, k: int | None = None, **metadata)
     missing = [key for key in required if key not in state]
     if missing:
         raise SAEFormatError(f"{weights_path} lacks {missing}; an openai-layout TopK SAE has {list(required)}")
+    check_finite({key: state[key] for key in required}, str(weights_path))
     encoder, decoder = state["encoder.weight"].float(), state["decoder.weight"].float()
     d_sae, d_in = encoder.shape
     if decoder.shape != (d_in, d_sae):
@@ -48,7 +50,7 @@ def import_openai_topk(checkpoint: str | Path, k: int | None = None, **metadata)
     config_path = directory / "config.json"
     if k is None and config_path.is_file():
         k = json.loads(config_path.read_text()).get("k")
-    k = int(k or SDXL_TURBO_K)
+    k = int(SDXL_TURBO_K if k is None else k)
     sae = SAE(SAEConfig(architecture="topk", d_in=d_in, d_sae=d_sae, k=k,
                         metadata={"imported_from": str(weights_path), **metadata}))
     with torch.no_grad():

@@ -8,7 +8,6 @@ and every shape of the shapes world has a feature labelled with it at AUROC >= 0
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from .evaluate import evaluate
 from .features import OBJECT_ATTRIBUTES, cell_probe_accuracy, direction_ceiling, generate_pool, mixture_distances
 from .fidelity import fidelity_table, splice_fidelity
 from .sae import CFG_FILENAME, SAE
+from .strict_json import write_json
 
 TARGETS = {"explained_variance_min": 0.8, "dead_fraction_max": 0.05, "label_auroc_min": 0.9}
 REPORT_JSON, REPORT_MD = "report.json", "REPORT.md"
@@ -282,7 +282,7 @@ def write_report(report: dict, out_dir: str | os.PathLike) -> str:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md = report_markdown(report)  # rendered first: a report that cannot render replaces nothing
-    atomic_write_text(out / REPORT_JSON, json.dumps(report, indent=2))
+    write_json(out / REPORT_JSON, report, indent=2)
     atomic_write_text(out / REPORT_MD, md)
     return md
 

@@ -25,6 +25,8 @@ from torch import nn
 
 from interp.atomic import atomic_write
 
+from .strict_json import write_json
+
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
 FEATURE_STATS_FILENAME = "feature_stats.safetensors"  # ours: per-feature mean/std activation, optional
@@ -34,6 +36,23 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 
 class SAEFormatError(ValueError):
     """A directory that is not a loadable SAE, with the reason."""
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors' own error type: a truncated or corrupt file
+        raise SAEFormatError(f"{path} is not a readable safetensors file ({err}): it is truncated or corrupt; "
+                             "copy it again, or save the SAE again") from None
+
+
+def check_finite(weights: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse weights holding NaN or infinities (a diverged or damaged SAE): every latent they touch
+    would be NaN, and so would every image edited with them."""
+    bad = [f"{name} ({int((~torch.isfinite(t)).sum())} values)" for name, t in weights.items()
+           if isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise SAEFormatError(f"{source}: NaN or Inf in {', '.join(bad)}; the SAE is diverged or damaged")
 
 
 @dataclass
@@ -144,8 +163,7 @@ class SAE(nn.Module):
             if self.feature_std is not None:
                 stats["std"] = self.feature_std.contiguous()
             atomic_write(path / FEATURE_STATS_FILENAME, lambda tmp: save_file(stats, tmp))
-        text = json.dumps(self.cfg.to_sae_lens_dict(), indent=2)
-        atomic_write(path / CFG_FILENAME, lambda tmp: Path(tmp).write_text(text))
+        write_json(path / CFG_FILENAME, self.cfg.to_sae_lens_dict(), indent=2)
         return path
 
     @classmethod
@@ -162,11 +180,12 @@ class SAE(nn.Module):
             raw = json.loads(cfg_path.read_text())
         except json.JSONDecodeError as err:
             raise SAEFormatError(f"{cfg_path} is not valid JSON: {err}") from err
-        weights = load_file(str(weights_path))
+        weights = _load_safetensors(weights_path)
+        check_finite(weights, str(weights_path))
         sae = cls.from_sae_lens(raw, weights, dtype=dtype)
         stats_path = path / FEATURE_STATS_FILENAME
         if stats_path.is_file():
-            stats = load_file(str(stats_path))
+            stats = _load_safetensors(stats_path)
             sae.feature_mean, sae.feature_std = stats.get("mean"), stats.get("std")
         return sae
 
