@@ -3,12 +3,17 @@
     out/
       cfg.json, sae_weights.safetensors   the trained SAE (sae-lens format), written at the end
       checkpoint.pt                       trainer state; replaced atomically, resumed from
-      train_log.jsonl                     one JSON line per logged step
+      train_log.jsonl                     one JSON line per logged step (steps strictly increasing)
       train_summary.json                  the config and final metrics
 
 Resuming replays the stream up to where the run stopped (the skipped batches are read but
-not trained on), so a resumed run sees the same data as an uninterrupted one. Under
+not trained on), so a resumed run sees the same data as an uninterrupted one; log lines of
+steps after the checkpoint are dropped, as the resumed run writes them again. Under
 `torchrun` (DDP) every rank passes its own shard of the stream; rank 0 writes the files.
+
+A run that diverges (a non-finite metric or weight, or an explained variance below
+MIN_EXPLAINED_VARIANCE) stops with `TrainingDivergedError` before writing anything more: the
+last checkpoint and any SAE files already in the directory stay as they were.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from typing import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from interp.atomic import atomic_write
+from interp.atomic import atomic_write, atomic_write_text
 
 from .sae import SAE
+from .strict_json import dumps, write_json
 from .trainers import TRAINERS, make_trainer
 
 CHECKPOINT_FILENAME = "checkpoint.pt"
@@ -35,10 +41,17 @@ SUMMARY_FILENAME = "train_summary.json"
 CHECKPOINT_FORMAT = 1
 # Fields that may change between a run and its resumption (how long, how often to report).
 RESUMABLE_CHANGES = ("total_tokens", "log_every_steps", "checkpoint_every_steps")
+# A fresh SAE explains about none of the variance (0); below -1000 its error is a thousand times
+# the activations' variance, which only a diverged run reaches (--lr 1e6 gives -1e13 at step 2).
+MIN_EXPLAINED_VARIANCE = -1e3
 
 
 class CheckpointMismatchError(ValueError):
-    """The checkpoint in the output directory was made with a different config."""
+    """The checkpoint in the output directory was made with a different config, or is unreadable."""
+
+
+class TrainingDivergedError(FloatingPointError):
+    """Training diverged; the message says where, and which checkpoint is kept."""
 
 
 @dataclass
@@ -70,6 +83,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         return self
 
+    def memory_bytes(self) -> int:
+        """A lower bound of the memory training needs: encoder and decoder with their gradients and
+        Adam's two moments (float32), and one batch of dense pre-activations with its gradient."""
+        return 4 * (8 * self.d_sae * self.d_in + 2 * self.batch_size * self.d_sae)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -98,13 +116,70 @@ def check_batch(batch: torch.Tensor, d_in: int, step: int) -> torch.Tensor:
     return batch
 
 
+def _format_bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def check_memory(config: TrainConfig) -> None:
+    """Refuse, before anything is allocated, a size that this machine's memory cannot hold."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return  # no sysconf here: the allocation itself will tell
+    need = config.memory_bytes()
+    if need > total:
+        raise ValueError(f"d_sae={config.d_sae} latents of d_in={config.d_in} channels with batch_size="
+                         f"{config.batch_size} need at least {_format_bytes(need)} of memory to train; this "
+                         f"machine has {_format_bytes(total)}: choose a smaller --d-sae or --batch-size")
+
+
+def divergence(metrics: dict[str, float]) -> str | None:
+    """What says that training diverged (a non-finite metric, an absurd explained variance), or None."""
+    bad = [f"{name} {value}" for name, value in metrics.items() if not math.isfinite(value)]
+    if bad:
+        return ", ".join(bad)
+    if metrics.get("explained_variance", 0.0) < MIN_EXPLAINED_VARIANCE:
+        return f"explained variance {metrics['explained_variance']:.3g}"
+    return None
+
+
+def non_finite_weights(trainer) -> list[str]:
+    """Names of the trainer's SAE parameters that hold a NaN or an infinity."""
+    return [name for name, param in trainer.sae.named_parameters() if not torch.isfinite(param).all()]
+
+
+def trim_log(path: Path, step: int) -> None:
+    """Keep the log lines of steps up to `step` (the checkpoint resumed from; the resumed run logs the later
+    steps again, so steps stay strictly increasing). A line cut short by a crash ends the log."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if entry["step"] <= step:
+            kept.append(line)
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
 def atomic_torch_save(obj, target: Path) -> None:
     """torch.save to a temporary file, then os.replace: a crash never leaves a half-written target."""
     atomic_write(target, lambda tmp: torch.save(obj, tmp))
 
 
 def load_checkpoint(path: Path, config: TrainConfig) -> dict:
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, corrupt, or not tensors and numbers only
+        detail = ": ".join([type(err).__name__, *str(err).splitlines()[:1]])
+        raise CheckpointMismatchError(f"{path} cannot be read ({detail}); "
+                                      "delete it, or pass --restart, to start over") from None
     if state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointMismatchError(f"{path} is not a checkpoint of this trainer (format {state.get('format')})")
     saved, current = dict(state["config"]), config.to_dict()
@@ -127,6 +202,7 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
         out.mkdir(parents=True, exist_ok=True)
     if world > 1 and config.architecture != "topk":
         raise ValueError(f"data-parallel training supports the topk architecture only, not {config.architecture!r}")
+    check_memory(config)
     trainer = make_trainer(config)
     checkpoint_path = out / CHECKPOINT_FILENAME
     step, tokens_seen, state = 0, 0, {}
@@ -134,16 +210,31 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
         state = load_checkpoint(checkpoint_path, config)
         trainer.load_state_dict(state["trainer"])
         step, tokens_seen = int(state["step"]), int(state["tokens_seen"])
+        if rank == 0:
+            trim_log(out / LOG_FILENAME, step)
     elif checkpoint_path.is_file() and rank == 0:
         checkpoint_path.unlink()
     if world > 1:
         dist.barrier()
+    checkpoint_step = step  # the step of the checkpoint on disk (0: none)
+
+    def diverged(at_step: int, what: str) -> TrainingDivergedError:
+        kept = (f"the checkpoint of step {checkpoint_step} in {out} is kept" if checkpoint_step else
+                "no checkpoint had been written")
+        return TrainingDivergedError(f"training diverged at step {at_step} ({what}); {kept}, and the SAE files "
+                                     f"there are unchanged. Lower the learning rate (lr={config.lr}) and run "
+                                     "again with --restart, or into another --out")
 
     def save_checkpoint() -> None:
+        nonlocal checkpoint_step
+        bad = non_finite_weights(trainer)
+        if bad:
+            raise diverged(step, f"NaN or Inf in {', '.join(bad)}")
         if rank == 0:
             atomic_torch_save({"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "step": step,
                                "tokens_seen": tokens_seen, "metrics": metrics, "trainer": trainer.state_dict()},
                               checkpoint_path)
+        checkpoint_step = step
         if world > 1:
             dist.barrier()
 
@@ -174,8 +265,9 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
                 trainer.prepare(batch)
             in_step = True  # the weights may be half-updated until step is counted
             metrics = trainer.step(batch)
-            if not math.isfinite(metrics["loss"]):
-                raise FloatingPointError(f"step {step}: the loss became {metrics['loss']}; lower the learning rate")
+            problem = divergence(metrics)
+            if problem is not None:
+                raise diverged(step + 1, problem)
             step += 1
             n_tokens = batch.shape[0] * world
             tokens_seen += n_tokens
@@ -186,7 +278,7 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
                 record = {"step": step, "tokens": tokens_seen, **metrics, "dead_features": trainer.n_dead(),
                           "tokens_per_s": (tokens_seen - tokens_at_start) / max(time.perf_counter() - started, 1e-9)}
                 if log_file is not None:
-                    log_file.write(json.dumps(record) + "\n")
+                    log_file.write(dumps(record) + "\n")
                     log_file.flush()
                 if bar is not None:
                     bar.set_postfix(loss=f"{metrics['loss']:.4f}", ev=f"{metrics['explained_variance']:.3f}",
@@ -209,7 +301,7 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
         sae.save(out)
         summary = {"config": config.to_dict(), "steps": step, "tokens": tokens_seen,
                    "final_metrics": {**metrics, "dead_features": trainer.n_dead()}}
-        (out / SUMMARY_FILENAME).write_text(json.dumps(summary, indent=2))
+        write_json(out / SUMMARY_FILENAME, summary, indent=2)
     if world > 1:
         dist.barrier()
     return sae

@@ -2,7 +2,8 @@
 
 Every trainer takes one (batch, d_in) float tensor per `step`, returns plain-number metrics,
 saves and restores its whole state (`state_dict` / `load_state_dict`, tensors and numbers only,
-so checkpoints load with weights_only=True), and hands over an inference `SAE`.
+so checkpoints load with weights_only=True), holds the module it trains as `.sae` and hands over
+an inference `SAE`.
 A new architecture is added by decorating a class with `@register_trainer("name")`.
 """
 
@@ -36,6 +37,21 @@ def make_trainer(config) -> "TopKTrainer | LensTrainer":
     return TRAINERS[config.architecture](config)
 
 
+# Settings of the training config itself, which architecture options must not repeat.
+CONFIG_SETTINGS = {"d_in": "the store's channel count", "d_sae": "--d-sae", "k": "--k", "batch_size": "--batch-size",
+                   "lr": "--lr", "dead_after_tokens": "--dead-after-tokens", "seed": "--seed"}
+
+
+def check_option_names(options: dict, known: set[str], architecture: str) -> None:
+    """A clear error for an option the architecture does not have, or one that the config sets."""
+    for name in options:
+        if name in CONFIG_SETTINGS:
+            raise ValueError(f"{name} is not an architecture option: it comes from {CONFIG_SETTINGS[name]}")
+        if name not in known:
+            raise ValueError(f"unknown option {name!r} for the {architecture} architecture; its options are: "
+                             f"{', '.join(sorted(known - set(CONFIG_SETTINGS)))}")
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -45,10 +61,13 @@ class TopKTrainer:
     """Our sparse-kernel TopK trainer (Adam, unit-norm decoder, AuxK); data-parallel under DDP."""
 
     def __init__(self, config):
-        options = dict(config.options)
-        self.cfg = TopKConfig(d_in=config.d_in, d_sae=config.d_sae, k=config.k, batch_size=config.batch_size,
-                              lr=config.lr, dead_after_tokens=config.dead_after_tokens, seed=config.seed,
-                              **options).validate()
+        check_option_names(config.options, {f.name for f in dataclasses.fields(TopKConfig)}, "topk")
+        try:
+            self.cfg = TopKConfig(d_in=config.d_in, d_sae=config.d_sae, k=config.k, batch_size=config.batch_size,
+                                  lr=config.lr, dead_after_tokens=config.dead_after_tokens, seed=config.seed,
+                                  **config.options).validate()
+        except TypeError as err:  # an option of the wrong type, e.g. aux_k="many"
+            raise ValueError(f"bad options for topk {config.options}: {err}") from None
         self.sae = TrainingTopKSAE(self.cfg)
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=self.cfg.lr,
                                           betas=(self.cfg.adam_beta1, self.cfg.adam_beta2), eps=self.cfg.adam_eps,
@@ -119,6 +138,7 @@ class LensTrainer:
         from sae_lens.training.sae_trainer import SAETrainer
 
         sae_cls, cfg_cls = get_sae_training_class(self.lens_architecture)
+        check_option_names(config.options, {f.name for f in dataclasses.fields(cfg_cls)}, self.architecture)
         fields = {"d_in": config.d_in, "d_sae": config.d_sae, **config.options}
         if self.lens_architecture in ("topk", "batchtopk", "matryoshka_batchtopk"):
             if not 0 < config.k <= config.d_sae:
