@@ -19,13 +19,31 @@ import sys
 from pathlib import Path
 
 
+# What a command's failure may raise for a user to act on: its message is printed, with no traceback.
+USER_ERRORS = (ValueError, OSError, ImportError, FloatingPointError)
+
+
 def _open_store(path: str, block: str):
+    """(the store, the block's name in it): the store names blocks as the model does, without `unet.`."""
     from interp.store import ActivationStore  # written by interp; imported only when a store is used
 
     store = ActivationStore(path)
-    if block not in store.blocks:
+    name = block.removeprefix("unet.")
+    if name not in store.blocks:
         raise ValueError(f"block {block!r} is not in the store at {path}; it has: {', '.join(store.blocks)}")
-    return store
+    return store, name
+
+
+def _at_least(minimum: int):
+    """An argparse type: an integer of at least `minimum`."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse's message for a non-integer: "invalid int value"
+    return parse
 
 
 def _channels(store, block: str) -> int:
@@ -62,18 +80,18 @@ def _train(args) -> int:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.set_num_threads(args.threads)
-    store = _open_store(args.store, args.block)
-    config = TrainConfig(architecture=args.architecture, d_in=_channels(store, args.block), d_sae=args.d_sae, k=args.k,
+    store, block = _open_store(args.store, args.block)
+    config = TrainConfig(architecture=args.architecture, d_in=_channels(store, block), d_sae=args.d_sae, k=args.k,
                          batch_size=args.batch_size, lr=args.lr, total_tokens=args.tokens,
                          dead_after_tokens=args.dead_after_tokens, options=_parse_options(args.option),
                          log_every_steps=args.log_every, checkpoint_every_steps=args.checkpoint_every,
-                         seed=args.seed, metadata={"hook_name": args.block, "store": str(args.store)}).validate()
+                         seed=args.seed, metadata={"hook_name": block, "store": str(args.store)}).validate()
 
     def stream():
         """Epochs of shuffled batches, for as long as training asks; rank r takes every world-th batch.
         Under DDP only full batches are used, so that every rank counts the same tokens per step."""
         for epoch in itertools.count():
-            batches = store.batches(args.block, batch_size=args.batch_size, shuffle=True, seed=args.seed + epoch)
+            batches = store.batches(block, batch_size=args.batch_size, shuffle=True, seed=args.seed + epoch)
             if world > 1:
                 batches = (batch for batch in batches if len(batch) == args.batch_size)
             yielded = 0
@@ -81,7 +99,7 @@ def _train(args) -> int:
                 yielded += 1
                 yield batch
             if yielded == 0:
-                raise ValueError(f"block {args.block!r} of the store has too few vectors for one batch of "
+                raise ValueError(f"block {block!r} of the store has too few vectors for one batch of "
                                  f"{args.batch_size} per process; lower --batch-size")
 
     train(config, stream(), args.out, resume=not args.restart)
@@ -93,8 +111,11 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
+    from interp.atomic import atomic_write_text
+
     from .evaluate import evaluate, markdown_table
     from .sae import SAE
+    from .strict_json import write_json
 
     sae = SAE.load(args.sae)
     block = args.block or sae.cfg.metadata.get("hook_name")
@@ -106,8 +127,8 @@ def _eval(args) -> int:
         raise ValueError("--world generates fresh images: it needs --model")
     model = _load_model(args) if args.model else None
     if args.store is not None:
-        store = _open_store(args.store, block)
-        batches = store.batches(block, batch_size=args.batch_size, shuffle=False)
+        store, store_block = _open_store(args.store, block)
+        batches = store.batches(store_block, batch_size=args.batch_size, shuffle=False)
         prompts, seeds = store.prompts, list(store.manifest["seeds"])
         if args.steps is None:
             args.steps = int(store.manifest["steps"])
@@ -132,8 +153,8 @@ def _eval(args) -> int:
         table += "\n" + fidelity_table({block: result["splice_fidelity"]})
     out = Path(args.out or Path(args.sae) / "eval.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result))
-    out.with_suffix(".md").write_text(table)
+    write_json(out, result)
+    atomic_write_text(out.with_suffix(".md"), table)
     print(table, end="")
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
@@ -257,13 +278,14 @@ def _probe(args) -> int:
     from interp.atomic import atomic_write_text
 
     from .report import probe_blocks, probe_markdown
+    from .strict_json import write_json
 
     model = _load_model(args)
     probes = probe_blocks(model, n_images=args.images, world_seed=args.world_seed, seed=args.seed)
     md = probe_markdown(probes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "probes.json", json.dumps(probes, indent=2))
+    write_json(out / "probes.json", probes, indent=2)
     atomic_write_text(out / "PROBES.md", md)
     print(md, end="")
     return 0
@@ -300,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     tr.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
+    tr.add_argument("--threads", type=_at_least(1),
+                    default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
     tr.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
     tr.set_defaults(run=_train)
 
@@ -308,18 +331,18 @@ def main(argv: list[str] | None = None) -> int:
                                           "splice-in fidelity (JSON + markdown)")
     ev.add_argument("--sae", required=True, help="SAE directory (cfg.json + sae_weights.safetensors)")
     ev.add_argument("--store", default=None, help="activation store to measure on")
-    ev.add_argument("--world", type=int, default=None, metavar="N",
+    ev.add_argument("--world", type=_at_least(1), default=None, metavar="N",
                     help="instead of a store: N fresh generations of shapes-world captions (needs --model)")
     ev.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
     ev.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
     ev.add_argument("--model", default=None, help="toy, sdxl-turbo, ... : also measure splice-in fidelity")
-    ev.add_argument("--fidelity-images", type=int, default=32, help="images generated for splice fidelity")
+    ev.add_argument("--fidelity-images", type=_at_least(0), default=32, help="images generated for splice fidelity")
     ev.add_argument("--steps", type=int, default=None, help="denoising steps (default: the store's, else the model's)")
     ev.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     ev.add_argument("--block", default=None, help="default: the block the SAE was trained on")
-    ev.add_argument("--tokens", type=int, default=None, help="evaluate on at most this many vectors")
-    ev.add_argument("--batch-size", type=int, default=4096)
-    ev.add_argument("--threads", type=int, default=1)
+    ev.add_argument("--tokens", type=_at_least(1), default=None, help="evaluate on at most this many vectors")
+    ev.add_argument("--batch-size", type=_at_least(1), default=4096)
+    ev.add_argument("--threads", type=_at_least(1), default=1)
     ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json; .md beside it)")
     ev.set_defaults(run=_eval)
 
@@ -339,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--label-min-auroc", type=float, default=0.7, help="AUROC a label needs")
     fe.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
     fe.add_argument("--model-name", default=None, help="the model's name in features.json (default: --model)")
-    fe.add_argument("--threads", type=int, default=1)
+    fe.add_argument("--threads", type=_at_least(1), default=1)
     fe.add_argument("--out", required=True, help="directory for features.html and features_summary.json")
     fe.set_defaults(run=_features)
 
@@ -357,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     re_.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
     re_.add_argument("--notes-file", default=None, help="markdown appended to REPORT.md as its Notes section")
     re_.add_argument("--model-name", default=None, help="the model's name in the report (default: --model)")
-    re_.add_argument("--threads", type=int, default=1)
+    re_.add_argument("--threads", type=_at_least(1), default=1)
     re_.add_argument("--out", default=None, help="default: --root")
     re_.set_defaults(run=_report)
 
@@ -370,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     pr.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
     pr.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
-    pr.add_argument("--threads", type=int, default=1)
+    pr.add_argument("--threads", type=_at_least(1), default=1)
     pr.add_argument("--out", required=True, help="directory for probes.json and PROBES.md")
     pr.set_defaults(run=_probe)
 
@@ -384,8 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, OSError, ImportError,
-            FloatingPointError) as err:
+    except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
