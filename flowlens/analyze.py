@@ -133,15 +133,17 @@ def plot(result: dict, out: Path, title: str) -> None:
     if "alignment" in result:
         score = np.array(result["alignment"]["score"])
         panels.append(("alignment with reference |cos|", {f"PC{j + 1}": score[:, j] for j in range(score.shape[1])}))
+    marker = {"marker": "o", "markersize": 6 if len(depth) <= 12 else 3}  # 30 layers read better with small dots
     figure, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6))
     interactive = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels])
     for column, (axis, (name, series)) in enumerate(zip(np.atleast_1d(axes), panels), start=1):
         for label, values in series.items():
-            axis.plot(depth, values, marker="o", label=label)
+            axis.plot(depth, values, label=label, **marker)
             interactive.add_trace(go.Scatter(x=depth, y=list(values), mode="lines+markers", name=f"{name}: {label}"),
                                   row=1, col=column)
         axis.set_title(name, fontsize=10)
-        axis.set_xlabel("normalised depth l/(L-1)")
+        axis.set_xlabel(f"normalised depth l/(L-1), {len(depth)} layers")
+        axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     figure.suptitle(title)
     figure.tight_layout()

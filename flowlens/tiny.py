@@ -29,16 +29,17 @@ def word_level_tokenizer(texts: Iterable[str], extra_words: Iterable[str] = ()):
 
 
 def tiny_llama(vocab_size: int, hidden_size: int = 32, layers: int = 4, heads: int = 4, seed: int = 0,
-               max_positions: int = 128):
-    """A randomly initialised ``LlamaForCausalLM`` (float32, CPU) of the given size."""
+               max_positions: int = 128, kv_heads: int | None = None, tie_word_embeddings: bool = False):
+    """A randomly initialised ``LlamaForCausalLM`` (float32, CPU) of the given size; ``kv_heads`` below
+    ``heads`` gives grouped-query attention (as SmolLM2's 9 heads over 3)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
                          max_position_embeddings=max_positions, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-                         tie_word_embeddings=False)
+                         tie_word_embeddings=tie_word_embeddings)
     return LlamaForCausalLM(config).eval()
 
 

@@ -40,15 +40,13 @@ def _permute(weights: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def tiny_llama(vocab_size: int, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """Two layers, grouped-query attention and tied embeddings as in SmolLM2, random norm weights (so that
+    a mix-up of the norms shows)."""
+    from flowlens.tiny import tiny_llama as random_llama
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=2)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # random norms, so that a mix-up of norm weights shows
+    model = random_llama(vocab_size, hidden_size=64, layers=2, heads=4, kv_heads=2, seed=seed,
+                         tie_word_embeddings=True)
+    with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name:
                 parameter.uniform_(0.5, 1.5)
@@ -73,7 +71,7 @@ def write_tiny_gguf(path: Path, seed: int = 0):
     writer.add_feed_forward_length(c.intermediate_size)
     writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_rope_freq_base(100000.0)
+    writer.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
     writer.add_vocab_size(len(tokens))
