@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from interp.cli import run_command
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flowlens",
@@ -30,15 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         add_arguments(sub)
         sub.set_defaults(run=command)
 
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except (ValueError, FileNotFoundError, PermissionError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    # Damaged or unsafe weight files (safetensors, torch pickles) are errors naming the file, as bad input is.
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

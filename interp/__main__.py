@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from .cli import run_command
+
 
 def _generate(args) -> int:
     from .models import load_t2i
@@ -47,17 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     collect = commands.add_parser("collect", help="record block updates into an activation store (resumable)")
     add_collect_arguments(collect)
     collect.set_defaults(run=collect_command)
-    args = parser.parse_args(argv)
-    from .models import ModelError
-
-    try:
-        return args.run(args)
-    except (ModelError, ValueError, FileNotFoundError, PermissionError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from interp.cli import run_command
 from interp.models.t2i import default_blocks
 
 
@@ -161,15 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--min-preservation", type=float, default=0.9)
     rep.set_defaults(run=_report)
 
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except KeyboardInterrupt:
-        print("interrupted: rerun the same command to resume", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_command(parser.parse_args(argv), interrupted="interrupted: rerun the same command to resume")
 
 
 if __name__ == "__main__":

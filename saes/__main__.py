@@ -18,9 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-
-# What a command's failure may raise for a user to act on: its message is printed, with no traceback.
-USER_ERRORS = (ValueError, OSError, ImportError, FloatingPointError)
+from interp.cli import at_least, run_command
 
 
 def _open_store(path: str, block: str):
@@ -32,18 +30,6 @@ def _open_store(path: str, block: str):
     if name not in store.blocks:
         raise ValueError(f"block {block!r} is not in the store at {path}; it has: {', '.join(store.blocks)}")
     return store, name
-
-
-def _at_least(minimum: int):
-    """An argparse type: an integer of at least `minimum`."""
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    parse.__name__ = "int"  # argparse's message for a non-integer: "invalid int value"
-    return parse
 
 
 def _channels(store, block: str) -> int:
@@ -322,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     tr.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--threads", type=_at_least(1),
+    tr.add_argument("--threads", type=at_least(1),
                     default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
     tr.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
     tr.set_defaults(run=_train)
@@ -331,18 +317,18 @@ def main(argv: list[str] | None = None) -> int:
                                           "splice-in fidelity (JSON + markdown)")
     ev.add_argument("--sae", required=True, help="SAE directory (cfg.json + sae_weights.safetensors)")
     ev.add_argument("--store", default=None, help="activation store to measure on")
-    ev.add_argument("--world", type=_at_least(1), default=None, metavar="N",
+    ev.add_argument("--world", type=at_least(1), default=None, metavar="N",
                     help="instead of a store: N fresh generations of shapes-world captions (needs --model)")
     ev.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
     ev.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
     ev.add_argument("--model", default=None, help="toy, sdxl-turbo, ... : also measure splice-in fidelity")
-    ev.add_argument("--fidelity-images", type=_at_least(0), default=32, help="images generated for splice fidelity")
+    ev.add_argument("--fidelity-images", type=at_least(0), default=32, help="images generated for splice fidelity")
     ev.add_argument("--steps", type=int, default=None, help="denoising steps (default: the store's, else the model's)")
     ev.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     ev.add_argument("--block", default=None, help="default: the block the SAE was trained on")
-    ev.add_argument("--tokens", type=_at_least(1), default=None, help="evaluate on at most this many vectors")
-    ev.add_argument("--batch-size", type=_at_least(1), default=4096)
-    ev.add_argument("--threads", type=_at_least(1), default=1)
+    ev.add_argument("--tokens", type=at_least(1), default=None, help="evaluate on at most this many vectors")
+    ev.add_argument("--batch-size", type=at_least(1), default=4096)
+    ev.add_argument("--threads", type=at_least(1), default=1)
     ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json; .md beside it)")
     ev.set_defaults(run=_eval)
 
@@ -362,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--label-min-auroc", type=float, default=0.7, help="AUROC a label needs")
     fe.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
     fe.add_argument("--model-name", default=None, help="the model's name in features.json (default: --model)")
-    fe.add_argument("--threads", type=_at_least(1), default=1)
+    fe.add_argument("--threads", type=at_least(1), default=1)
     fe.add_argument("--out", required=True, help="directory for features.html and features_summary.json")
     fe.set_defaults(run=_features)
 
@@ -380,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     re_.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
     re_.add_argument("--notes-file", default=None, help="markdown appended to REPORT.md as its Notes section")
     re_.add_argument("--model-name", default=None, help="the model's name in the report (default: --model)")
-    re_.add_argument("--threads", type=_at_least(1), default=1)
+    re_.add_argument("--threads", type=at_least(1), default=1)
     re_.add_argument("--out", default=None, help="default: --root")
     re_.set_defaults(run=_report)
 
@@ -393,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     pr.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
     pr.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
-    pr.add_argument("--threads", type=_at_least(1), default=1)
+    pr.add_argument("--threads", type=at_least(1), default=1)
     pr.add_argument("--out", required=True, help="directory for probes.json and PROBES.md")
     pr.set_defaults(run=_probe)
 
@@ -404,15 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     im.add_argument("--k", type=int, default=None, help="default: config.json beside it, else 10")
     im.set_defaults(run=_import_sdxl)
 
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
+    return run_command(parser.parse_args(argv), interrupted="interrupted; run the same command again to resume")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,119 @@
+"""How the four command lines (`python -m interp|saes|riebench|flowlens`) end a command that fails.
+
+A failure the user can act on (a bad argument, a missing or unreadable file, a model that cannot serve
+the request, a weights file that is truncated, corrupt or an unsafe pickle) is one line, `error: message`,
+on stderr and exit status 2, as argparse's own refusals are; Ctrl-C is exit status 130. Anything else is
+a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# What a command's failure may raise for a user to act on: its message is printed, with no traceback.
+USER_ERRORS = (ValueError, OSError, ImportError, FloatingPointError)
+# Names of the files that weights and checkpoints are read from (safetensors, torch pickles).
+WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def at_least(minimum: int, maximum: int | None = None):
+    """An argparse type: an integer of at least `minimum` (and at most `maximum`)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum or maximum is not None and value > maximum:
+            bounds = f"at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse's message for a non-integer: "invalid int value"
+    return parse
+
+
+def _frames(err: BaseException) -> list:
+    """The frames the error passed through, outermost first."""
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _file_being_read(frames: list) -> str | None:
+    """The weights file a failed reader had open: the innermost frame's local variable naming an existing file
+    with a weights suffix.
+
+    The readers that fail here (transformers, diffusers, torch.load) hold the path in a local
+    variable but do not put it into their messages."""
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, (str, os.PathLike)) and os.fspath(value).endswith(WEIGHTS_SUFFIXES) \
+                    and os.path.isfile(value):
+                return os.fspath(value)
+    return None
+
+
+def _refusal_reason(message: str) -> str:
+    """What torch.load(weights_only=True) refused, from its message, without its advice to load the file
+    unsafely (which a file of unknown origin must not get) and its pointer to the docs."""
+    marker = "WeightsUnpickler error:"
+    if marker in message:
+        return _first_sentence(message.split(marker, 1)[1])
+    paragraphs = [p.strip() for p in message.split("\n\n") if p.strip()]
+    reasons = [p for p in paragraphs[1:] if not p.startswith("Check the documentation")]
+    if paragraphs and paragraphs[0].startswith("Weights only load failed") and reasons:
+        return _first_sentence(reasons[0])
+    return _first_sentence(message)
+
+
+def _first_sentence(message: str) -> str:
+    line = (message.strip().splitlines() or ["no reason given"])[0]
+    return line.split(". ")[0].rstrip(".")
+
+
+def unreadable_weights(err: BaseException) -> str | None:
+    """The `error:` text for a weights or checkpoint file that could not be read, naming the file; None
+    for any other error.
+
+    What the readers raise (each tried on a damaged file): safetensors' SafetensorError for a
+    truncated or corrupt .safetensors file, pickle.UnpicklingError when torch.load(weights_only=True)
+    refuses a pickle (damaged, or one that would run code when loaded), and RuntimeError from
+    torch.serialization for a damaged zip checkpoint.
+    """
+    import pickle
+
+    from safetensors import SafetensorError
+
+    frames = _frames(err)
+    if isinstance(err, SafetensorError):
+        problem = f"it is not a readable safetensors file ({_first_sentence(str(err))}): it is truncated or corrupt"
+    elif isinstance(err, pickle.UnpicklingError):
+        problem = (f"torch.load refused it ({_refusal_reason(str(err))}): it is damaged, or it is a pickle that "
+                   f"would run code; do not load it unsafely")
+    elif isinstance(err, RuntimeError) and frames and \
+            frames[-1].f_code.co_filename.endswith(os.path.join("torch", "serialization.py")):
+        problem = f"it is not a readable torch checkpoint ({_first_sentence(str(err))}): it is truncated or corrupt"
+    else:
+        return None
+    path = _file_being_read(frames)
+    return (f"cannot read {path or 'a weights file'}: {problem}; replace it with a good copy (a run's checkpoint: "
+            f"delete it, and the run starts over)")
+
+
+def run_command(args, interrupted: str = "interrupted") -> int:
+    """`args.run(args)` with the failures a user can act on as `error: message` (exit 2) and Ctrl-C as exit 130."""
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print(interrupted, file=sys.stderr)
+        return 130
+    except USER_ERRORS as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        message = unreadable_weights(err)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
