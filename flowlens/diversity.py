@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
+
+from interp.cli import at_least
 
 PROMPT_FIELDS = ("prompt", "query", "instruction")
 COMPLETION_FIELDS = ("completion", "response", "output")
@@ -59,8 +62,14 @@ def entropy_bits(counts: Counter) -> float:
     return -sum(c / total * math.log2(c / total) for c in counts.values())
 
 
+def _check_window(window) -> None:
+    if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+        raise ValueError(f"the MSTTR window must be a whole number of tokens, at least 1, not {window!r}")
+
+
 def msttr(tokens: Sequence, window: int = 50) -> float | None:
     """Mean segmental type-token ratio over full windows of ``window`` tokens; None if none."""
+    _check_window(window)
     windows = [tokens[i:i + window] for i in range(0, len(tokens) - window + 1, window)]
     if not windows:
         return None
@@ -93,6 +102,7 @@ def lexical_diversity(texts: Iterable[str], tokenize: Callable[[str], list] = wo
                       orders: Sequence[int] = (1, 2, 3), msttr_window: int = 50,
                       selection: str = "texts", tokenizer_name: str = "word") -> DiversityReport:
     """All measures on ``texts`` (each text tokenised separately; n-grams stay inside a text)."""
+    _check_window(msttr_window)  # before any text is tokenised
     token_lists = [tokenize(text) for text in texts]
     report = DiversityReport(selection=selection, tokenizer=tokenizer_name, n_texts=len(token_lists),
                              n_tokens=sum(map(len, token_lists)), msttr_window=msttr_window)
@@ -191,5 +201,5 @@ def add_diversity_arguments(parser) -> None:
     parser.add_argument("data", help="JSONL with prompt/query/instruction and completion/response/output fields")
     parser.add_argument("--field", choices=TEXT_SELECTIONS, default="completions", help="which texts to measure")
     parser.add_argument("--tokenizer", default="word", help="'word' or a Hugging Face tokenizer name or directory")
-    parser.add_argument("--window", type=int, default=50, help="MSTTR window in tokens")
+    parser.add_argument("--window", type=at_least(1), default=50, help="MSTTR window in tokens (at least 1)")
     parser.add_argument("--out", default=None, help="JSON output (default: beside the data file)")

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from .cli import run_command
+from .cli import at_least, run_command
+from .models.t2i import MAX_SEED
 
 
 def _generate(args) -> int:
@@ -35,8 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--model", default="toy", help="toy (embedded), sdxl-turbo, sdxl-base, hub id or directory")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    gen.add_argument("--seed", type=at_least(0, MAX_SEED), default=0, help="from 0 to 2**64 - 1")
+    gen.add_argument("--guidance", type=float, default=None,
+                     help="guidance scale, at least 0: above 1 classifier-free guidance, up to 1 none (default: the "
+                          "model's)")
     gen.add_argument("--height", type=int, default=None)
     gen.add_argument("--width", type=int, default=None)
     gen.add_argument("--out", default="image.png")

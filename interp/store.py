@@ -43,8 +43,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .cli import at_least
 from .hooks.diffusion import capture_updates, generate
-from .models.t2i import default_blocks
+from .models.t2i import MAX_SEED
 
 FORMAT = "interp-activation-store"
 VERSION = 1
@@ -54,6 +55,9 @@ SHARD_DIR = "shards"
 STORE_DTYPE = torch.float16
 CHECKSUM = "sha256"  # the key of the digests, in a shard's header metadata and its manifest entry
 FILE_MODE = 0o644
+# Images a `collect --world` run may ask for: its plan lists every caption (about 120 MB of plan.json at the
+# limit), and the toy's six blocks store 64 KB per image and step. A larger store comes from --prompts.
+MAX_WORLD_IMAGES = 1_000_000
 
 
 class StoreError(ValueError):
@@ -97,12 +101,16 @@ def shard_name(shard: int) -> str:
     return f"shard-{shard:06d}.safetensors"
 
 
-def world_prompts(n: int, seed: int = 0) -> list[str]:
-    """n captions of random scenes of the shapes world (varied wording), reproducible by seed."""
+def world_prompts(n: int, seed: int = 0, progress: bool = False) -> list[str]:
+    """n captions of random scenes of the shapes world (varied wording), reproducible by seed;
+    with `progress`, a progress bar (about 14,000 captions a second)."""
+    from tqdm import tqdm
+
     from .zoo import shapes
 
     rng = np.random.default_rng(seed)
-    return [shapes.caption(shapes.sample_scene(rng), rng) for _ in range(n)]
+    return [shapes.caption(shapes.sample_scene(rng), rng)
+            for _ in tqdm(range(n), desc="captions", unit="caption", disable=not progress, mininterval=1.0)]
 
 
 def read_prompts(path: str | os.PathLike) -> list[str]:
@@ -477,32 +485,36 @@ def stream_vectors(model, block: str, prompts: Iterable[str], batch_size: int, s
 def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="toy", help="toy (embedded), sdxl-turbo, sdxl-base, hub id or directory")
     parser.add_argument("--blocks", nargs="+", default=None,
-                        help="block names (default: the model's analysed blocks: SDXL's four, and for the toy model "
-                             "also the two where it draws shape and colour)")
+                        help="block names (default: the model's analysed blocks: SDXL's four, those of them a "
+                             "smaller U-Net has, and for the toy model also the two where it draws shape and colour)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", help="a text file, one prompt per line")
-    source.add_argument("--world", type=int, metavar="N", help="N random captions of the shapes world")
+    source.add_argument("--world", type=at_least(1, MAX_WORLD_IMAGES), metavar="N",
+                        help=f"N random captions of the shapes world (at most {MAX_WORLD_IMAGES:,})")
     parser.add_argument("--world-seed", type=int, default=0, help="seed of the --world captions")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
     parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
-    parser.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i")
+    parser.add_argument("--seed", type=at_least(0, MAX_SEED), default=0,
+                        help="image i is generated with seed + i (seeds from 0 to 2**64 - 1)")
     parser.add_argument("--half", choices=("cond", "uncond"), default="cond",
                         help="which half of a CFG batch to store (without CFG the batch is the cond half)")
-    parser.add_argument("--images-per-shard", type=int, default=16)
+    parser.add_argument("--images-per-shard", type=at_least(1), default=16)
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--out", required=True, help="store directory (created; resumed if it holds this plan)")
 
 
 def collect_command(args) -> int:
+    from tqdm import tqdm
+
     from .models import load_t2i
 
-    if args.images_per_shard < 1:
-        raise StoreError("--images-per-shard must be at least 1")
-    if args.world is not None and args.world < 1:
-        raise StoreError("--world must be at least 1")
-    prompts = read_prompts(args.prompts) if args.prompts else world_prompts(args.world, args.world_seed)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    prompts = read_prompts(args.prompts) if args.prompts else world_prompts(args.world, args.world_seed,
+                                                                            progress=rank == 0)
+    if args.seed + len(prompts) - 1 > MAX_SEED:
+        raise StoreError(f"--seed {args.seed} with {len(prompts)} images needs seeds up to "
+                         f"{args.seed + len(prompts) - 1}, past the largest seed, {MAX_SEED} (2**64 - 1)")
     barrier = None
     device = args.device
     if world_size > 1:
@@ -517,10 +529,11 @@ def collect_command(args) -> int:
     try:
         model = load_t2i(args.model, device=device)
         steps = model.default_steps if args.steps is None else args.steps
-        model.check_request(steps)
-        prompts = [model.check_prompt(p) for p in prompts]
         guidance = model.default_guidance if args.guidance is None else args.guidance
-        blocks = args.blocks if args.blocks is not None else default_blocks(args.model)
+        model.check_request(steps, guidance=guidance)
+        prompts = [model.check_prompt(p) for p in tqdm(prompts, desc="check prompts", unit="prompt",
+                                                        disable=rank != 0, mininterval=1.0)]
+        blocks = args.blocks if args.blocks is not None else model.default_blocks
         plan = CollectionPlan(model=args.model, blocks=[b.removeprefix("unet.") for b in blocks],
                               prompts=prompts, seeds=[args.seed + i for i in range(len(prompts))], steps=steps,
                               guidance=float(guidance), half=args.half, images_per_shard=args.images_per_shard)

@@ -15,8 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interp.cli import run_command
-from interp.models.t2i import default_blocks
+from interp.cli import at_least, run_command
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +25,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--masks", default=None, help="directory of PNG masks (<id>_source.png, <id>_target.png) for "
                                                  "the public RIEBench file")
     p.add_argument("--category", action="append", default=None, help="only this category (repeatable)")
-    p.add_argument("--limit-per-category", type=int, default=None, help="first N tasks of each category")
+    p.add_argument("--limit-per-category", type=at_least(1), default=None, help="first N tasks of each category")
     p.add_argument("--saes", default=None, help="directory with one SAE directory (sae-lens format) per block")
     p.add_argument("--blocks", nargs="+", default=None,
                    help="blocks the methods may edit (default: the model's analysed blocks; the toy's six)")
@@ -35,7 +34,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-images", action="store_true", help="also write each edited image as PNG")
     p.add_argument("--min-preservation", type=float, default=0.9,
                    help="headline table: compare methods at preservation >= this")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads")
     p.add_argument("--out", required=True, help="output directory (results, tables, plots)")
 
 
@@ -44,7 +43,7 @@ def _tasks(args) -> int:
 
     if args.suite == "shapes":
         suite = shapes_suite(ShapesSuiteConfig(seed=args.seed, per_category=args.per_category, split=args.split,
-                                               max_objects=args.max_objects), args.category)
+                                               max_objects=args.max_objects), args.category, progress=True)
     elif args.masks is not None:
         suite = read_riebench_json(args.suite, args.masks)
     else:
@@ -65,15 +64,26 @@ def _run_config(args, configs):
                      steps=args.steps, seed=args.seed, configs=configs, save_images=args.save_images)
 
 
-def _execute(args, configs) -> int:
+def _load_model(args):
+    """The run's model, loaded before its configurations are made: the blocks they edit by default are the
+    model's own (`T2IModel.default_blocks`: SDXL's four, or those of them that a smaller U-Net has)."""
     import torch
 
-    from .report import write_report
-    from .runner import Runner
+    from interp.models import load_t2i
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    runner = Runner(_run_config(args, configs), args.out)
+    model = load_t2i(args.model)
+    if args.blocks is None:
+        args.blocks = list(model.default_blocks)
+    return model
+
+
+def _execute(args, configs, model) -> int:
+    from .report import write_report
+    from .runner import Runner
+
+    runner = Runner(_run_config(args, configs), args.out, model=model)
     counts = runner.run()
     report = write_report(args.out, min_preservation=args.min_preservation)
     print(f"{counts['done']} edits done, {counts['already_done']} already done, {counts['failed']} failed; "
@@ -85,15 +95,10 @@ def _execute(args, configs) -> int:
     return 1 if counts["failed"] else 0
 
 
-def _resolve_blocks(args) -> None:
-    if args.blocks is None:
-        args.blocks = list(default_blocks(args.model))
-
-
 def _run(args) -> int:
     from .methods import MethodConfig
 
-    _resolve_blocks(args)
+    model = _load_model(args)
     method, variant = ("sae", "adaptive") if args.method == "sae-adaptive" else (args.method, args.variant)
     configs = [MethodConfig(method, k, m, list(args.blocks), variant) for k in args.k_trans for m in args.m]
     if method == "prompt-swap":
@@ -101,14 +106,15 @@ def _run(args) -> int:
     if args.per_block and len(args.blocks) > 1 and method != "prompt-swap":
         configs += [MethodConfig(method, k, m, [b], variant) for k in args.k_trans for m in args.m
                     for b in args.blocks]
-    return _execute(args, configs)
+    return _execute(args, configs, model)
 
 
 def _sweep(args) -> int:
     from .runner import sweep_configs
 
-    _resolve_blocks(args)
-    return _execute(args, sweep_configs(args.k_trans, args.m, args.blocks, tuple(args.methods), args.per_block))
+    model = _load_model(args)
+    return _execute(args, sweep_configs(args.k_trans, args.m, args.blocks, tuple(args.methods), args.per_block),
+                    model)
 
 
 def _report(args) -> int:
@@ -121,7 +127,7 @@ def _report(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from .methods import METHODS
-    from .tasks import SHAPES_CATEGORIES
+    from .tasks import MAX_PER_CATEGORY, SHAPES_CATEGORIES
 
     parser = argparse.ArgumentParser(prog="python -m riebench",
                                      description="Representation-based image editing benchmark.")
@@ -130,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     t = commands.add_parser("tasks", help="write a task suite (the shapes world's, or a converted RIEBench file)")
     t.add_argument("--suite", default="shapes", help="'shapes' or a task file to convert")
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--per-category", type=int, default=30)
+    t.add_argument("--per-category", type=at_least(1, MAX_PER_CATEGORY), default=30,
+                   help=f"tasks per category of the shapes suite (at most {MAX_PER_CATEGORY})")
     t.add_argument("--split", default="train", choices=("train", "held_out"),
                    help="world split both scenes of every task come from")
     t.add_argument("--max-objects", type=int, default=2)

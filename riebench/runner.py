@@ -106,6 +106,9 @@ class Runner:
 
             model = load_t2i(cfg.model, device="cpu" if not torch.cuda.is_available() else None)
         self.model = model
+        # The run's steps and seed, like every configuration below, are checked before anything is generated.
+        model.check_request(model.default_steps if cfg.steps is None else cfg.steps,
+                            seeds=() if cfg.seed is None else (cfg.seed,))
         blocks = sorted({b for c in cfg.configs for b in c.blocks})
         if saes is None and cfg.saes:
             saes = load_saes(cfg.saes, blocks)

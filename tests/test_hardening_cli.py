@@ -1,11 +1,13 @@
-"""Issue 21, the interp, riebench and flowlens side: the four command lines (`python -m
-interp|saes|riebench|flowlens`) end a failure the same way, and a damaged or unsafe weights file is a
-message naming it (exit 2), never a traceback."""
+"""Issue 21, the interp, riebench and flowlens side: bad input to `python -m interp|riebench|flowlens` is a
+message (exit 2), never a traceback nor silent acceptance, and the four command lines end a failure the same
+way."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,13 +19,18 @@ import riebench.__main__
 import saes.__main__
 from flowlens.__main__ import main as flowlens_main
 from interp.__main__ import main as interp_main
+from interp.models.t2i import MAX_SEED, ModelError, check_device
+from interp.store import ActivationStore
 from interp.zoo import WEIGHTS_DIR
 from riebench.__main__ import main as riebench_main
+from riebench.tasks import ShapesSuiteConfig, TaskError
 from saes.__main__ import main as saes_main
 from saes.library import PRETRAINED_DIR
 from saes.sae import WEIGHTS_FILENAME
 
+PROMPT = "a small red circle at the top left on a blue background"
 MID = "mid_block.attentions.0"
+OTHER = "up_blocks.0.attentions.0"
 SHIPPED = PRETRAINED_DIR / "toy"
 CHAT_WEIGHTS = WEIGHTS_DIR / "chat-safety-0.4"
 
@@ -52,6 +59,125 @@ def run_cli(main, args: list[str], capsys) -> tuple[int, str]:
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return code, err
+
+
+# ----------------------------------------------------------------------------- interp generate
+
+@pytest.mark.parametrize("guidance", ["nan", "-5", "inf"])
+def test_guidance_must_be_a_finite_scale_of_at_least_0(toy_loaded, tmp_path, capsys, guidance):
+    out = tmp_path / "image.png"
+    code, err = run_cli(interp_main, ["generate", "--prompt", PROMPT, "--guidance", guidance, "--out", str(out)],
+                        capsys)
+    assert code == 2 and "guidance must be a finite number of at least 0 (above 1: classifier-free guidance" in err
+    assert not out.exists()
+
+
+def test_guidance_from_0_to_1_means_no_classifier_free_guidance_and_is_accepted(toy_loaded, tmp_path, capsys):
+    out = tmp_path / "image.png"
+    assert run_cli(interp_main, ["generate", "--prompt", PROMPT, "--guidance", "0.5", "--out", str(out)],
+                   capsys)[0] == 0
+    assert out.exists()
+
+
+@pytest.mark.parametrize("seed", [str(2**64), "99999999999999999999999", "-1"])
+def test_a_seed_outside_the_generators_range_says_the_range(tmp_path, capsys, seed):
+    code, err = run_cli(interp_main, ["generate", "--prompt", PROMPT, "--seed", seed, "--out",
+                                      str(tmp_path / "image.png")], capsys)
+    assert code == 2 and f"argument --seed: must be from 0 to {MAX_SEED}, got {seed}" in err
+
+
+def test_generation_and_riebench_refuse_seeds_outside_the_range(toy_t2i, tmp_path):
+    from riebench.methods import MethodConfig
+    from riebench.runner import RunConfig, Runner
+    from riebench.tasks import shapes_suite
+
+    with pytest.raises(ModelError, match=r"a seed must be an integer from 0 to 18446744073709551615 \(2\*\*64 - 1\)"):
+        toy_t2i.generate(PROMPT, seed=2**64)
+    assert toy_t2i.generate(PROMPT, seed=MAX_SEED)[0].size == (64, 64)
+    suite = shapes_suite(ShapesSuiteConfig(per_category=1), ["change colour"])
+    with pytest.raises(ModelError, match="a seed must be an integer from 0 to"):  # before any task is generated
+        Runner(RunConfig(seed=2**64, configs=[MethodConfig("prompt-swap")]), tmp_path, model=toy_t2i, suite=suite)
+    assert not (tmp_path / "results").exists()
+
+
+# ----------------------------------------------------------------------------- sizes and counts
+
+@pytest.mark.parametrize("window", ["0", "-5"])
+def test_diversity_window_must_be_at_least_1(tmp_path, capsys, window):
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "completion": "a b c d e f a b"}) + "\n")
+    out = tmp_path / "diversity.json"
+    code, err = run_cli(flowlens_main, ["diversity", str(data), "--window", window, "--out", str(out)], capsys)
+    assert code == 2 and f"argument --window: must be at least 1, got {window}" in err
+    assert not out.exists()
+    with pytest.raises(ValueError, match="the MSTTR window must be a whole number of tokens, at least 1"):
+        flowlens.diversity.lexical_diversity(["a b c"], msttr_window=int(window))
+
+
+def test_absurd_sizes_are_refused_at_once_with_the_limit(tmp_path, capsys):
+    code, err = run_cli(interp_main, ["collect", "--world", "100000000", "--out", str(tmp_path / "store")], capsys)
+    assert code == 2 and "argument --world: must be from 1 to 1000000, got 100000000" in err
+    code, err = run_cli(riebench_main, ["tasks", "--per-category", "10000000", "--out", str(tmp_path / "t.json")],
+                        capsys)
+    assert code == 2 and "argument --per-category: must be from 1 to 1000, got 10000000" in err
+    with pytest.raises(TaskError, match="per_category must be from 1 to 1000, not 1001"):
+        ShapesSuiteConfig(per_category=1001).validate()
+    assert not (tmp_path / "store").exists() and not (tmp_path / "t.json").exists()
+
+
+def test_collect_refuses_seeds_past_the_range_before_loading_a_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("interp.models.load_t2i", lambda *args, **kwargs: pytest.fail("the model was loaded"))
+    code, err = run_cli(interp_main, ["collect", "--world", "3", "--seed", str(MAX_SEED - 1), "--out",
+                                      str(tmp_path / "store")], capsys)
+    assert code == 2 and f"with 3 images needs seeds up to {MAX_SEED + 1}, past the largest seed" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_collect_on_cuda_without_cuda_is_a_message(tmp_path, capsys):
+    code, err = run_cli(interp_main, ["collect", "--world", "2", "--device", "cuda", "--out", str(tmp_path / "s")],
+                        capsys)
+    assert code == 2 and "device 'cuda' is not available" in err and "use --device cpu" in err
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(ModelError, match="device 'cuda:1' is not available"):
+        check_device("cuda:1")
+
+
+def test_an_unknown_device_is_a_message():
+    with pytest.raises(ModelError, match="unknown device 'gpu0': use cpu, cuda or cuda:N"):
+        check_device("gpu0")
+    check_device("cpu")
+
+
+# ----------------------------------------------------------------------------- default blocks
+
+@functools.cache
+def pipeline_lacking_a_block() -> str:
+    """A saved pipeline (no recipe) whose U-Net has one attention per down block: no down_blocks.2.attentions.1."""
+    from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+
+    from test_hooks_diffusion import random_t2i
+
+    pipe = random_t2i().pipe
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel.from_config({**pipe.unet.config, "layers_per_block": 1})
+    directory = Path(tempfile.mkdtemp(prefix="interp-fewer-blocks-"))
+    StableDiffusionXLPipeline(**{**pipe.components, "unet": unet}).save_pretrained(directory)
+    return str(directory)
+
+
+def test_collect_and_riebench_default_to_the_blocks_the_model_lists(tmp_path, capsys):
+    model = pipeline_lacking_a_block()
+    assert interp_main(["blocks", "--model", model]) == 0
+    listed = json.loads(capsys.readouterr().out)["default_blocks"]
+    assert listed == [MID, OTHER, "up_blocks.0.attentions.1"]
+    code, _ = run_cli(interp_main, ["collect", "--model", model, "--world", "2", "--steps", "1", "--out",
+                                    str(tmp_path / "store")], capsys)
+    assert code == 0 and ActivationStore(tmp_path / "store").blocks == listed
+    code, _ = run_cli(riebench_main, ["run", "--model", model, "--method", "prompt-swap", "--category", "change colour",
+                                      "--limit-per-category", "1", "--steps", "1", "--out", str(tmp_path / "rie")],
+                      capsys)
+    assert code == 0
+    assert json.loads((tmp_path / "rie" / "run.json").read_text())["run"]["configs"][0]["blocks"] == listed
 
 
 # ----------------------------------------------------------------------------- damaged and unsafe weights

@@ -178,11 +178,12 @@ def generate(model, prompt: str | list[str], steps: int | None = None, seed: int
     with _TEXT_LOCK:  # check_prompt tokenizes with the shared tokenizers
         prompts = [model.check_prompt(p) for p in prompts]
     steps = model.default_steps if steps is None else steps
-    model.check_request(steps, height, width)
-    guidance = model.default_guidance if guidance is None else float(guidance)
+    guidance = model.default_guidance if guidance is None else guidance
     seeds = [seed] * len(prompts) if isinstance(seed, (int, np.integer)) else list(seed)
     if len(seeds) != len(prompts):
         raise HookError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    model.check_request(steps, height, width, guidance=guidance, seeds=seeds)
+    guidance = float(guidance)
     generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
     latents = model.initial_latents(generators, height, width)
     with torch.inference_mode():

@@ -38,6 +38,7 @@ KNOWN_MODELS = {
 }
 
 MAX_STEPS = 1000
+MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
 RECIPE_FILE = "recipe.json"  # written by `python -m interp.zoo train t2i` next to the pipeline it saves
 
 
@@ -112,9 +113,21 @@ class T2IModel:
                                  f"{tokenizer.model_max_length} (shorten it)")
         return prompt
 
-    def check_request(self, steps: int, height: int | None = None, width: int | None = None) -> None:
+    def check_request(self, steps: int, height: int | None = None, width: int | None = None,
+                      guidance: float | None = None, seeds=()) -> None:
+        """A ModelError saying what is wrong with a generation request, if anything is.
+
+        Guidance is diffusers' guidance scale: above 1 it runs classifier-free guidance, from 0 to 1 it
+        does not (SDXL Turbo's 0); a negative or non-finite scale means nothing."""
         if not isinstance(steps, (int, np.integer)) or not 1 <= steps <= MAX_STEPS:
             raise ModelError(f"steps must be an integer from 1 to {MAX_STEPS}, not {steps!r}")
+        if guidance is not None and not (isinstance(guidance, (int, float, np.number)) and np.isfinite(guidance)
+                                         and guidance >= 0):
+            raise ModelError(f"guidance must be a finite number of at least 0 (above 1: classifier-free guidance; "
+                             f"0 to 1: none), not {guidance!r}")
+        for seed in seeds:
+            if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+                raise ModelError(f"a seed must be an integer from 0 to {MAX_SEED} (2**64 - 1), not {seed!r}")
         multiple = self.pipe.vae_scale_factor * 4  # three UNet levels: latent sides divisible by 4
         for side_name, side in (("height", height), ("width", width)):
             if side is None:
@@ -183,6 +196,24 @@ def resolve(name_or_path: str) -> tuple[str, KnownModel | None]:
                      f"a hub repository id (owner/name) or a directory saved with save_pretrained")
 
 
+def check_device(device: str) -> None:
+    """A ModelError unless a model can be placed on `device` on this machine (cpu, cuda, cuda:N, mps)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ModelError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ModelError(f"device {device!r} is not available: {why}; use --device cpu")
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            raise ModelError(f"device {device!r} is not available: this machine has {count} CUDA device(s), "
+                             f"cuda:0 to cuda:{count - 1}")
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelError(f"device {device!r} is not available: no Apple GPU (MPS) here; use --device cpu")
+
+
 def load_t2i(name_or_path: str = "toy", device: str | None = None, dtype: torch.dtype | None = None,
              allow_download: bool | None = None) -> T2IModel:
     """Load a pipeline by name ("toy", "sdxl-turbo", "sdxl-base"), hub id or directory.
@@ -195,6 +226,7 @@ def load_t2i(name_or_path: str = "toy", device: str | None = None, dtype: torch.
 
     source, known = resolve(name_or_path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
     dtype = dtype or (torch.float16 if device == "cuda" else torch.float32)
     local = os.path.isdir(source)
     if allow_download is None:
