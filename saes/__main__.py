@@ -187,7 +187,8 @@ def _sae_dirs(paths: list[str]) -> list[Path]:
 
 
 def _features(args) -> int:
-    from .features import AnalysisConfig, analyse, generate_pool, store_pool
+    from .features import (ANALYSE_ELSEWHERE, AnalysisConfig, analyse, default_pool_dir, generate_pool,
+                           refuse_shipped, store_pool)
     from .sae import SAE
 
     if (args.store is None) == (args.world is None):
@@ -196,9 +197,13 @@ def _features(args) -> int:
         raise ValueError("the number of analysis images must be at least 1")
     if args.top < 1:
         raise ValueError("--top must be at least 1")
+    sae_dirs = _sae_dirs(args.sae)
+    if not args.overwrite:  # before any image is generated; analyse checks the rest before writing
+        refuse_shipped(sae_dirs + [args.pool_dir or default_pool_dir(sae_dirs), args.out], "saes features",
+                       ANALYSE_ELSEWHERE)
     model = _load_model(args)
     saes = {}
-    for directory in _sae_dirs(args.sae):
+    for directory in sae_dirs:
         sae = SAE.load(directory)
         block = sae.cfg.metadata.get("hook_name") or directory.name
         block = _model_block(model, block)
@@ -223,7 +228,8 @@ def _features(args) -> int:
         pool = generate_pool(model, list(saes), prompts, [args.seed + i for i in range(args.world)],
                              steps=args.steps)
     config = AnalysisConfig(n_top_images=args.top, label_min_auroc=args.label_min_auroc)
-    summary = analyse(saes, pool, args.model_name or args.model, args.out, config, pool_dir=args.pool_dir)
+    summary = analyse(saes, pool, args.model_name or args.model, args.out, config, pool_dir=args.pool_dir,
+                      overwrite=args.overwrite)
     for block, entry in summary["blocks"].items():
         print(f"{block}: {entry['live_features']} of {entry['features']} features fire on the pool, "
               f"{entry['labelled_features']} labelled (AUROC >= {args.label_min_auroc})")
@@ -233,8 +239,11 @@ def _features(args) -> int:
 
 
 def _report(args) -> int:
+    from .features import refuse_shipped
     from .report import build_report, write_report
 
+    if not args.overwrite:
+        refuse_shipped([args.out or args.root], "saes report", "pass --out DIR to write the report elsewhere")
     model = _load_model(args)
     if args.model_name:
         model.name = args.model_name
@@ -348,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--label-min-auroc", type=float, default=0.7, help="AUROC a label needs")
     fe.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
     fe.add_argument("--model-name", default=None, help="the model's name in features.json (default: --model)")
+    fe.add_argument("--overwrite", action="store_true",
+                    help="rewrite files shipped with the repository (saes/pretrained/...) and replace an image pool "
+                         "that other blocks' cards point into; without it either is an error")
     fe.add_argument("--threads", type=at_least(1), default=1)
     fe.add_argument("--out", required=True, help="directory for features.html and features_summary.json")
     fe.set_defaults(run=_features)
@@ -368,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     re_.add_argument("--model-name", default=None, help="the model's name in the report (default: --model)")
     re_.add_argument("--threads", type=at_least(1), default=1)
     re_.add_argument("--out", default=None, help="default: --root")
+    re_.add_argument("--overwrite", action="store_true",
+                     help="rewrite REPORT.md and report.json shipped with the repository (saes/pretrained/...)")
     re_.set_defaults(run=_report)
 
     pr = commands.add_parser("probe", help="where a model codes each attribute, before any SAE: linear probes, "

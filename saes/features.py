@@ -17,12 +17,20 @@ Written as `features.json` beside the SAE (the web UI and `saes.library` read it
 image pool as `analysis_images.npz` + `analysis_prompts.json` in the parent directory (one
 pool shared by every block of a model), and an HTML page of feature cards plus a JSON
 summary (per attribute value: the best feature and its AUROC, per block).
+
+Cards point into the pool by image index, so a card file records the pool's fingerprint
+(`pool_fingerprint`, a hash of its images and prompts) and `saes.library` refuses cards whose
+pool has changed since. A new pool is not written where it would leave other blocks' cards
+pointing into a pool that is gone, and nothing shipped with the repository (the SAEs under
+`saes/pretrained/`, the models under `interp/zoo/weights/`) is rewritten unless asked to.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
+import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,15 +39,25 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write, atomic_write_text
+from interp.zoo import WEIGHTS_DIR
 
 from .sae import SAE
-from .strict_json import write_json
+from .strict_json import dumps, write_json
 
 FEATURES_FILENAME = "features.json"
 IMAGES_FILENAME = "analysis_images.npz"
 PROMPTS_FILENAME = "analysis_prompts.json"
 SUMMARY_FILENAME = "features_summary.json"
 HTML_FILENAME = "features.html"
+# Directories whose files ship with the repository: the pretrained SAEs (cards and pool included), the models.
+SHIPPED_DIRS = (Path(__file__).resolve().parent / "pretrained", WEIGHTS_DIR)
+# How to analyse shipped SAEs without rewriting them.
+ANALYSE_ELSEWHERE = ("copy the SAEs out first (e.g. cp -r saes/pretrained/toy runs/toy-saes) and analyse the copies, "
+                     "with --out and --pool-dir outside the shipped directories")
+
+
+class FeaturesError(ValueError):
+    """Feature cards or an image pool that cannot be written where asked, and what to do instead."""
 
 
 @dataclass
@@ -524,6 +542,51 @@ def store_pool(model, store, blocks: list[str], n_images: int, batch_size: int =
 
 # ----------------------------------------------------------------------------- files
 
+def pool_fingerprint(images: np.ndarray, prompts: list[str]) -> str:
+    """sha256 of a pool's images (shape and pixels) and prompts: what its cards' image indices refer to."""
+    images = np.ascontiguousarray(images, dtype=np.uint8)
+    digest = hashlib.sha256(dumps([list(images.shape), list(prompts)]).encode())
+    digest.update(images.data)
+    return digest.hexdigest()
+
+
+def shipped(path: str | os.PathLike) -> bool:
+    """Whether the path is, or lies inside, a directory that ships with the repository."""
+    path = Path(path).resolve()
+    return any(path == root or root in path.parents for root in SHIPPED_DIRS)
+
+
+def refuse_shipped(paths, command: str, instead: str) -> None:
+    """A FeaturesError if any of the paths that `command` would write ships with the repository; `instead`
+    says how to write elsewhere."""
+    hit = [str(p) for p in paths if shipped(p)]
+    if hit:
+        raise FeaturesError(f"{command} would rewrite files shipped with the repository ({', '.join(hit)}); "
+                            f"{instead}, or pass --overwrite to regenerate the shipped files on purpose")
+
+
+def _orphaned_cards(pool_dir: Path, blocks_written: set[Path], new_fingerprint: str) -> list[str]:
+    """Card files beside the pool in `pool_dir`, of blocks this analysis does not rewrite, that point into
+    the pool there now: writing a different pool over it would leave their image indices pointing
+    at other images (or past the end)."""
+    from .library import cards_match_pool, load_analysis_images
+
+    pool = load_analysis_images(pool_dir)
+    if pool is None:
+        return []
+    images, prompts = pool
+    current = pool_fingerprint(images, prompts)
+    if current == new_fingerprint:
+        return []
+    orphaned = []
+    for cards_path in sorted(pool_dir.glob(f"*/{FEATURES_FILENAME}")):
+        if cards_path.parent.resolve() in blocks_written:
+            continue
+        if cards_match_pool(json.loads(cards_path.read_text()), current, len(images)):
+            orphaned.append(str(cards_path))
+    return orphaned
+
+
 def write_pool(pool: AnalysisPool, directory: str | os.PathLike) -> None:
     """analysis_images.npz (key "images", (N, H, W, 3) uint8, compressed) + analysis_prompts.json."""
     directory = Path(directory)
@@ -537,10 +600,12 @@ def write_pool(pool: AnalysisPool, directory: str | os.PathLike) -> None:
 
 
 def write_features(sae_dir: str | os.PathLike, block: str, model_name: str, n_images: int,
-                   cards: list[dict]) -> Path:
-    """features.json beside the SAE, in the format `saes.library.FeatureLibrary` reads."""
+                   cards: list[dict], pool_sha256: str) -> Path:
+    """features.json beside the SAE, in the format `saes.library.FeatureLibrary` reads, with the
+    fingerprint of the pool its image indices point into."""
     path = Path(sae_dir) / FEATURES_FILENAME
-    payload = {"block": block, "model": model_name, "n_images": int(n_images), "features": cards}
+    payload = {"block": block, "model": model_name, "n_images": int(n_images), "pool_sha256": pool_sha256,
+               "features": cards}
     write_json(path, payload, separators=(",", ":"))
     return path
 
@@ -618,24 +683,40 @@ def render_html(results: dict[str, list[dict]], images: np.ndarray, prompts: lis
 
 # ----------------------------------------------------------------------------- the whole command
 
+def default_pool_dir(sae_dirs) -> Path:
+    """Where the pool goes unless told: the parent of the first SAE (one pool for a model's blocks)."""
+    return Path(next(iter(sae_dirs))).parent
+
+
 def analyse(saes: dict[str, tuple[SAE, Path]], pool: AnalysisPool, model_name: str, out_dir: str | os.PathLike,
-            config: AnalysisConfig | None = None, pool_dir: str | os.PathLike | None = None) -> dict:
+            config: AnalysisConfig | None = None, pool_dir: str | os.PathLike | None = None,
+            overwrite: bool = False) -> dict:
     """Analyse each block's SAE on the pool; write features.json beside each SAE, the pool in
     `pool_dir` (default: the parent of the first SAE), the HTML page and summary in `out_dir`.
 
+    Unless `overwrite`, nothing shipped with the repository is written and a pool is not replaced
+    while other blocks' cards point into it (FeaturesError, before anything is written).
     saes: block -> (SAE, its directory). Returns the summary written to out_dir.
     """
     config = config or AnalysisConfig()
     out_dir = Path(out_dir)
+    pool_dir = Path(pool_dir) if pool_dir is not None else default_pool_dir(d for _, d in saes.values())
+    fingerprint = pool_fingerprint(pool.images, pool.prompts)
+    if not overwrite:
+        refuse_shipped([d for _, d in saes.values()] + [pool_dir, out_dir], "saes features", ANALYSE_ELSEWHERE)
+        orphaned = _orphaned_cards(pool_dir, {Path(d).resolve() for _, d in saes.values()}, fingerprint)
+        if orphaned:
+            raise FeaturesError(f"writing a new image pool to {pool_dir} would leave the cards of other blocks "
+                                f"({', '.join(orphaned)}) pointing into a pool that is gone; analyse those blocks "
+                                f"in the same run, choose another --pool-dir, or pass --overwrite")
     out_dir.mkdir(parents=True, exist_ok=True)
     scenes = pool.scenes()
     results, summaries = {}, {}
     for block, (sae, sae_dir) in saes.items():
         cards, summary = analyse_block(sae, pool.updates[block], scenes, config)
         _round_heatmaps(cards)
-        write_features(sae_dir, block, model_name, len(pool.images), cards)
+        write_features(sae_dir, block, model_name, len(pool.images), cards, fingerprint)
         results[block], summaries[block] = cards, summary
-    pool_dir = Path(pool_dir) if pool_dir is not None else Path(next(iter(saes.values()))[1]).parent
     write_pool(pool, pool_dir)
     summary = {
         "model": model_name, "n_images": len(pool.images), "labelled": scenes is not None,

@@ -4,8 +4,10 @@ Layout on disk (one directory per hooked block, named by the block):
 
     ROOT/<block>/cfg.json, sae_weights.safetensors   the SAE (sae-lens format)
     ROOT/<block>/features.json                        feature cards (`python -m saes features`)
+    ROOT/analysis_images.npz, analysis_prompts.json   the image pool the cards' top images point into
 
-`FeatureLibrary.for_model("toy")` opens the SAEs shipped for the embedded model.
+`FeatureLibrary.for_model("toy")` opens the SAEs shipped for the embedded model. Cards are
+checked against the pool when they are loaded: a card file made on another pool is an error.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .features import FEATURES_FILENAME, IMAGES_FILENAME, PROMPTS_FILENAME, pool_fingerprint
 from .sae import CFG_FILENAME, SAE
 
 PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
@@ -43,10 +46,18 @@ class FeatureLibrary:
             raise LibraryError(f"no SAEs under {self.root} (train some with `python -m saes train`)")
         self._saes = {d.name: SAE.load(d).eval() for d in dirs}
         self._cards: dict[str, list[dict]] = {}
+        pool = load_analysis_images(self.root)
+        fingerprint = pool_fingerprint(*pool) if pool is not None else None
         for d in dirs:
-            cards = d / "features.json"
-            if cards.exists():
-                self._cards[d.name] = json.loads(cards.read_text())["features"]
+            cards = d / FEATURES_FILENAME
+            if not cards.exists():
+                continue
+            data = json.loads(cards.read_text())
+            if pool is not None and not cards_match_pool(data, fingerprint, len(pool[0])):
+                raise LibraryError(f"{cards} was made on another image pool than {self.root / IMAGES_FILENAME} "
+                                   f"({len(pool[0])} images): its top images would show other pictures; run "
+                                   f"`python -m saes features` again on every SAE of {self.root} at once")
+            self._cards[d.name] = data["features"]
 
     @classmethod
     def for_model(cls, model_name: str) -> "FeatureLibrary | None":
@@ -228,9 +239,20 @@ def heatmap_overlay(image, heatmap, scale: int = 4, alpha: float = 0.6) -> np.nd
 def load_analysis_images(root: str | Path) -> tuple[np.ndarray, list[str]] | None:
     """The pool of analysed images that feature cards point into: (N, H, W, 3) uint8 and prompts."""
     root = Path(root)
-    if not (root / "analysis_images.npz").exists():
+    if not (root / IMAGES_FILENAME).exists():
         return None
-    with np.load(root / "analysis_images.npz") as data:
+    with np.load(root / IMAGES_FILENAME) as data:
         images = data["images"]
-    prompts = json.loads((root / "analysis_prompts.json").read_text())
+    prompts = json.loads((root / PROMPTS_FILENAME).read_text())
     return images, prompts
+
+
+def cards_match_pool(cards: dict, fingerprint: str, n_images: int) -> bool:
+    """Whether a card file (the content of features.json) points into the pool of this fingerprint and size.
+
+    Cards written before card files recorded their pool's fingerprint are checked by size: made on a
+    pool of `n_images` images, with every top image one of them."""
+    if "pool_sha256" in cards:
+        return cards["pool_sha256"] == fingerprint
+    return cards.get("n_images") == n_images and all(
+        0 <= top["index"] < n_images for card in cards["features"] for top in card.get("top_images", []))

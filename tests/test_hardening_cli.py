@@ -1,15 +1,18 @@
 """Issue 21, the interp, riebench and flowlens side: bad input to `python -m interp|riebench|flowlens` is a
 message (exit 2), never a traceback nor silent acceptance, and the four command lines end a failure the same
-way."""
+way; `saes features` never rewrites the cards and image pool shipped with the repository, and a card file
+carries the fingerprint of the pool its top images point into."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,12 +24,15 @@ from flowlens.__main__ import main as flowlens_main
 from interp.__main__ import main as interp_main
 from interp.models.t2i import MAX_SEED, ModelError, check_device
 from interp.store import ActivationStore
-from interp.zoo import WEIGHTS_DIR
+from interp.zoo import WEIGHTS_DIR, shapes
 from riebench.__main__ import main as riebench_main
 from riebench.tasks import ShapesSuiteConfig, TaskError
+from saes import features
 from saes.__main__ import main as saes_main
-from saes.library import PRETRAINED_DIR
+from saes.features import AnalysisConfig, AnalysisPool, FeaturesError, analyse, pool_fingerprint
+from saes.library import PRETRAINED_DIR, FeatureLibrary, LibraryError, load_analysis_images
 from saes.sae import WEIGHTS_FILENAME
+from test_saes_features import _identity_sae, _scenes, _tracking_updates
 
 PROMPT = "a small red circle at the top left on a blue background"
 MID = "mid_block.attentions.0"
@@ -306,3 +312,91 @@ def test_the_four_command_lines_end_failures_the_same_way(cli, capsys, monkeypat
     monkeypatch.setattr(module, name, _raising(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="a bug"):  # a bug keeps its traceback
         main(argv)
+
+
+# ----------------------------------------------------------------------------- shipped cards and pools
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_features_refuses_to_rewrite_the_shipped_cards_and_pool(tmp_path, capsys, monkeypatch):
+    before = _digests(SHIPPED)
+    monkeypatch.setattr(saes.__main__, "_load_model", lambda args: pytest.fail("refused only after loading"))
+    code, err = run_cli(saes_main, ["features", "--sae", str(SHIPPED / MID), "--world", "2", "--out",
+                                    str(tmp_path / "out")], capsys)
+    assert code == 2 and "would rewrite files shipped with the repository" in err and "--overwrite" in err
+    code, err = run_cli(saes_main, ["report", "--root", str(SHIPPED)], capsys)
+    assert code == 2 and "saes report would rewrite files shipped with the repository" in err
+    assert _digests(SHIPPED) == before
+
+
+def _pool(n: int, seed: int, blocks=(MID, OTHER)) -> AnalysisPool:
+    """A pool of n rendered shapes-world scenes; each block gets the same known updates."""
+    scenes = _scenes(n, seed=seed)
+    rng = np.random.default_rng(seed)
+    updates = _tracking_updates(scenes, noise_seed=seed)
+    return AnalysisPool(np.stack([shapes.render(s) for s in scenes]), [shapes.caption(s, rng) for s in scenes],
+                        list(range(n)), {b: updates for b in blocks})
+
+
+def _analysed_root(tmp_path: Path) -> Path:
+    """Two blocks' SAEs analysed together: their cards and the pool they share."""
+    root = tmp_path / "toy"
+    saes_ = {}
+    for block in (MID, OTHER):
+        sae = _identity_sae(4)
+        sae.save(root / block)
+        saes_[block] = (sae, root / block)
+    analyse(saes_, _pool(30, seed=1), "toy", tmp_path / "html", AnalysisConfig(n_top_images=3))
+    return root
+
+
+def test_analyse_refuses_shipped_directories(tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    monkeypatch.setattr(features, "SHIPPED_DIRS", (shipped,))
+    _identity_sae(4).save(shipped / MID)
+    before = _digests(shipped)
+    with pytest.raises(FeaturesError, match="would rewrite files shipped with the repository"):
+        analyse({MID: (_identity_sae(4), shipped / MID)}, _pool(8, seed=2, blocks=(MID,)), "toy", tmp_path / "out")
+    assert _digests(shipped) == before
+    analyse({MID: (_identity_sae(4), shipped / MID)}, _pool(8, seed=2, blocks=(MID,)), "toy", tmp_path / "out",
+            overwrite=True)
+    assert (shipped / "analysis_images.npz").exists()
+
+
+def test_a_new_pool_that_would_orphan_other_blocks_cards_is_refused(tmp_path):
+    root = _analysed_root(tmp_path)
+    before = _digests(root)
+    one_block = {MID: (_identity_sae(4), root / MID)}
+    with pytest.raises(FeaturesError, match=rf"would leave the cards of other blocks \({root / OTHER}/features.json\)"):
+        analyse(one_block, _pool(12, seed=3), "toy", tmp_path / "html")
+    assert _digests(root) == before
+    analyse(one_block, _pool(30, seed=1), "toy", tmp_path / "html")  # the same pool again orphans nothing
+    assert FeatureLibrary(root).cards(OTHER)
+    analyse(one_block, _pool(12, seed=3), "toy", tmp_path / "html", overwrite=True)
+    with pytest.raises(LibraryError, match=rf"{root / OTHER}/features.json was made on another image pool"):
+        FeatureLibrary(root)
+
+
+def test_cards_carry_their_pools_fingerprint_and_legacy_cards_are_checked_by_size(tmp_path):
+    root = _analysed_root(tmp_path)
+    images, prompts = load_analysis_images(root)
+    cards_path = root / OTHER / "features.json"
+    cards = json.loads(cards_path.read_text())
+    assert cards["pool_sha256"] == pool_fingerprint(images, prompts)
+    legacy = {k: v for k, v in cards.items() if k != "pool_sha256"}
+    cards_path.write_text(json.dumps(legacy))
+    assert FeatureLibrary(root).cards(OTHER) == cards["features"]  # fits the pool: loads
+    legacy["features"][0]["top_images"][0]["index"] = len(images)
+    cards_path.write_text(json.dumps(legacy))
+    with pytest.raises(LibraryError, match="made on another image pool"):
+        FeatureLibrary(root)
+
+
+def test_the_shipped_cards_carry_the_shipped_pools_fingerprint():
+    fingerprint = pool_fingerprint(*load_analysis_images(SHIPPED))
+    for path in sorted(SHIPPED.glob("*/features.json")):
+        assert json.loads(path.read_text())["pool_sha256"] == fingerprint, path
+    assert FeatureLibrary.for_model("toy").cards(MID)

@@ -206,7 +206,7 @@ def test_features_json_is_written_in_the_library_format(tmp_path):
     summary = analyse({"mid_block.attentions.0": (sae, sae_dir)}, pool, "toy", tmp_path / "html",
                       AnalysisConfig(n_top_images=3))
     data = json.loads((sae_dir / "features.json").read_text())
-    assert set(data) == {"block", "model", "n_images", "features"}
+    assert set(data) == {"block", "model", "n_images", "pool_sha256", "features"}
     assert (data["block"], data["model"], data["n_images"]) == ("mid_block.attentions.0", "toy", 40)
     assert [c["id"] for c in data["features"]] == [0, 1, 2, 3]
     for card in data["features"]:

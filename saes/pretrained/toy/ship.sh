@@ -21,7 +21,7 @@ for block in "${BLOCKS[@]}"; do
         "$OUT/$block"  # shipped in fp16; the analysis and report below measure the fp16 weights
 done
 python -m saes features --model toy --sae "${BLOCKS[@]/#/$OUT/}" --world 400 --world-seed 1 --threads "$THREADS" \
-    --pool-dir "$OUT" --out runs/sae_ship/features
+    --pool-dir "$OUT" --out runs/sae_ship/features --overwrite  # regenerates the shipped cards and pool on purpose
 cp runs/sae_ship/features/features_summary.json "$OUT/"
 python -m saes report --model toy --root "$OUT" --features-summary "$OUT/features_summary.json" --store "$STORE" \
-    --eval-images 500 --fidelity-images 32 --threads "$THREADS" --notes-file "$OUT/notes.md"
+    --eval-images 500 --fidelity-images 32 --threads "$THREADS" --notes-file "$OUT/notes.md" --overwrite
