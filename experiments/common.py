@@ -14,6 +14,7 @@ Every model is measured the same way, so the safety-ratio sweep (issue 6) and th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -30,6 +31,29 @@ RESULTS = REPO / "experiments" / "results"
 N_COMPONENTS = 3   # principal directions compared and top-k energy's k (the study's default)
 EVAL_SEED = 11     # held-out evaluation prompts (disjoint from training by the world's split)
 GEOMETRY_SEED = 13
+
+
+# The code a measured cell depends on: a cell is current when the hash of these files is the one it records.
+MEASURE_CODE = ("experiments/common.py", "flowlens/finetune.py", "flowlens/vcl.py", "flowlens/refusals.py",
+                "flowlens/geometry.py", "interp/models/generation.py", "interp/models/lm.py", "interp/hooks/lm.py",
+                "interp/zoo/chat/world.py")
+
+
+def code_fingerprint(*extra: str) -> str:
+    """sha256 (16 hex digits) of the source files a cell's numbers depend on (``MEASURE_CODE`` + ``extra``,
+    paths relative to the repository)."""
+    digest = hashlib.sha256()
+    for name in sorted(set(MEASURE_CODE) | set(extra)):
+        digest.update(name.encode() + b"\0" + (REPO / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def provenance(result: dict, fingerprint: str) -> str:
+    """``"computed"`` (by this code, in this run directory), ``"carried over"`` (restored from a committed
+    report, computed by this same code) or ``"stale"`` (computed by other code, or before cells recorded it)."""
+    if result.get("code") != fingerprint:
+        return "stale"
+    return "carried over" if result.get("restored_from") else "computed"
 
 
 def eval_records(per_task: int = 12, n_harmful: int = 120, n_benign: int = 120, world_seed: int = 0) -> list[dict]:

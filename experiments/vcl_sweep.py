@@ -27,8 +27,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .common import (BASE_MODEL, REPO, RESULTS, eval_records, geometry_prompts, markdown_table, mean_spread,
-                     measure_model, reference_residuals, show, write_json, write_jsonl)
+from .common import (BASE_MODEL, REPO, RESULTS, code_fingerprint, eval_records, geometry_prompts, markdown_table,
+                     mean_spread, measure_model, provenance, reference_residuals, show, write_json, write_jsonl)
 
 RUN_ROOT = REPO / "runs" / "experiments" / "vcl"
 RATIOS = (0.1, 0.2, 0.4)
@@ -99,6 +99,10 @@ def data_file(ratio: float) -> Path:
     return path
 
 
+def sweep_code() -> str:
+    return code_fingerprint("experiments/vcl_sweep.py")
+
+
 def run_cell(cell: Cell, records, prompts, reference) -> dict:
     from flowlens.finetune import FinetuneConfig, finetune, read_log
     from flowlens.vcl import VCLConfig
@@ -113,7 +117,7 @@ def run_cell(cell: Cell, records, prompts, reference) -> dict:
         raise RuntimeError(f"{cell.name}: fine-tuning {result['status']}")
     log = read_log(out)
     measured = measure_model(out / "model", records, prompts, reference)
-    return {"cell": {**asdict(cell), "name": cell.name, "varied": cell.varied},
+    return {"cell": {**asdict(cell), "name": cell.name, "varied": cell.varied}, "code": sweep_code(),
             "train": {"steps": STEPS, "batch_size": BATCH, "lr": LR, "n_data": N_DATA,
                       "final": log[-1], "mean_seconds_per_step": sum(e["seconds"] for e in log) / len(log)},
             **measured}
@@ -132,10 +136,15 @@ def run(args) -> int:
         print(f"{restored} finished cells restored from {RESULTS / 'vcl_sweep.json'}", flush=True)
     from tqdm import tqdm
 
+    current = sweep_code()
     for cell in tqdm(cells, desc=f"vcl sweep worker {args.worker}"):
         path = RUN_ROOT / cell.name / "measure.json"
-        if path.exists():
-            continue  # finished cell
+        if path.exists() and json.loads(path.read_text()).get("code") == current:
+            continue  # finished by this code
+        if path.exists():  # measured by other code: fine-tune and measure again
+            import shutil
+
+            shutil.rmtree(path.parent)
         write_json(path, run_cell(cell, records, prompts, reference))
         print(f"done {cell.name}", flush=True)
     return 0
@@ -143,12 +152,15 @@ def run(args) -> int:
 
 def restore_reported(cells: list[Cell]) -> int:
     """Write ``measure.json`` for cells whose run directory is gone (a fresh checkout: ``runs/`` is not
-    committed) but whose measurements are in the committed report, so only missing cells are run again.
-    The report keeps the three refusal rates, geometry and training log of every run: all ``report`` reads."""
+    committed) but whose measurements are in the committed report and were made by the code committed now
+    (the same ``code`` fingerprint), so only missing or stale cells are run again. A restored cell keeps
+    ``restored_from``, and the report counts it as carried over. The report keeps the three refusal rates,
+    geometry and training log of every run: all ``report`` reads."""
     reported = RESULTS / "vcl_sweep.json"
     if not reported.exists():
         return 0
-    by_name = {r["cell"]["name"]: r for r in json.loads(reported.read_text())["runs"]}
+    current = sweep_code()
+    by_name = {r["cell"]["name"]: r for r in json.loads(reported.read_text())["runs"] if r.get("code") == current}
     restored = 0
     for cell in cells:
         path = RUN_ROOT / cell.name / "measure.json"
@@ -178,8 +190,11 @@ def summarise(results: list[dict]) -> dict:
     summary = {}
     for key, runs in sorted(groups.items()):
         ratio, setting = key.split("|")
+        current = sweep_code()
         entry = {"ratio": float(ratio), "setting": setting, "varied": runs[0]["cell"]["varied"],
-                 "seeds": sorted(r["cell"]["seed"] for r in runs)}
+                 "seeds": sorted(r["cell"]["seed"] for r in runs),
+                 "provenance": {kind: sum(provenance(r, current) == kind for r in runs)
+                                for kind in ("computed", "carried over", "stale")}}
         for metric, _ in METRICS:
             entry[metric] = mean_spread([r["refusals"][metric] for r in runs])
         entry["alignment_mean"] = mean_spread([r["geometry"]["alignment"]["mean"] for r in runs])
@@ -202,7 +217,7 @@ def report(args) -> int:
         return 2
     summary = summarise(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    write_json(RESULTS / "vcl_sweep.json", {"steps": STEPS, "batch_size": BATCH, "lr": LR, "n_data": N_DATA,
+    write_json(RESULTS / "vcl_sweep.json", {"code": sweep_code(), "steps": STEPS, "batch_size": BATCH, "lr": LR, "n_data": N_DATA,
                                             "default": {**DEFAULT, "window": list(DEFAULT["window"])},
                                             "summary": list(summary.values()),
                                             "paired_differences": paired_differences(results),
@@ -210,23 +225,29 @@ def report(args) -> int:
                                                      {"refusals": {m: r["refusals"][m] for m, _ in METRICS}}
                                                      for r in results]})
     header = ["ratio", "setting", "seeds", *[name for _, name in METRICS], "alignment (mean |cos|)",
-              "top-3 energy by layer", "final VCL ratio"]
+              "top-3 energy by layer", "final VCL ratio", "runs computed / carried over / stale"]
     rows = []
     order = {"sft": 0, "default": 1, "k": 2, "weight": 3, "window": 4, "sign": 5}
     for e in sorted(summary.values(), key=lambda e: (e["ratio"], order[e["varied"]], e["setting"])):
         rows.append([f"{e['ratio']:g}", e["setting"], str(len(e["seeds"])), *[show(e[m]) for m, _ in METRICS],
                      show(e["alignment_mean"]), " / ".join(f"{s['mean']:.2f}" for s in e["top_k_energy_by_layer"]),
-                     show(e["final_vcl_ratio"])])
+                     show(e["final_vcl_ratio"]), " / ".join(str(n) for n in e["provenance"].values())])
     paired = paired_differences(results)
     text_paired = ("\nPaired differences, VCL minus plain SFT with the same seed (same batches), for settings run "
                    "with more than one seed: mean ± std over seeds, and the per-seed values.\n\n" + markdown_table(
                        ["ratio", "setting", "seeds", *[f"delta {name}" for _, name in METRICS], "per-seed delta false refusal"],
                        [[f"{p['ratio']:g}", p["setting"], str(len(p["seeds"])), *[show(p[m]) for m, _ in METRICS],
                          ", ".join(f"{d:+.3f}" for d in p["false_refusal_rate_values"])] for p in paired]))
+    current = sweep_code()
+    counts = {kind: sum(provenance(r, current) == kind for r in results) for kind in ("computed", "carried over",
+                                                                                       "stale")}
     (RESULTS / "vcl_sweep.md").write_text(
         f"Plain SFT vs SFT + VCL from chat-base ({STEPS} steps, batch {BATCH}, lr {LR:g}, {N_DATA} examples per "
         f"ratio); mean ± sample std over seeds (one value when seeds = 1). Top-3 energy at layers 0/1/2/3 "
-        f"(normalised depth 0, 0.33, 0.67, 1).\n\n" + markdown_table(header, rows) + text_paired)
+        f"(normalised depth 0, 0.33, 0.67, 1). Of {len(results)} runs, {counts['computed']} were computed in this "
+        f"run directory, {counts['carried over']} carried over from the committed report (same code, "
+        f"{current}) and {counts['stale']} computed by other code (stale: `run` recomputes them).\n\n"
+        + markdown_table(header, rows) + text_paired)
     plot(summary, RESULTS / "vcl_sweep.png")
     print((RESULTS / "vcl_sweep.md").read_text())
     return 0

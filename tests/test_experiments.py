@@ -52,13 +52,17 @@ def test_vcl_windows_hold_a_layer_of_the_embedded_model():
     assert sorted(window_layers(w, 4)[0] for w in windows) == [0, 1, 2]
 
 
-def test_vcl_sweep_restores_reported_cells_and_leaves_the_rest_to_run(tmp_path, monkeypatch):
+def test_vcl_sweep_restores_only_cells_measured_by_the_committed_code(tmp_path, monkeypatch):
     import json
 
     from experiments import vcl_sweep
+    from experiments.common import provenance
 
     cells = grid()
-    reported = {"runs": [{"cell": {"name": cells[0].name}, "refusals": {"false_refusal_rate": 0.25}}]}
+    current = vcl_sweep.sweep_code()
+    reported = {"runs": [{"cell": {"name": cells[0].name}, "code": current, "refusals": {"false_refusal_rate": 0.25}},
+                         {"cell": {"name": cells[1].name}, "code": "older", "refusals": {"false_refusal_rate": 0.5}},
+                         {"cell": {"name": cells[2].name}, "refusals": {"false_refusal_rate": 0.5}}]}
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "vcl_sweep.json").write_text(json.dumps(reported))
     monkeypatch.setattr(vcl_sweep, "RESULTS", tmp_path / "results")
@@ -66,6 +70,8 @@ def test_vcl_sweep_restores_reported_cells_and_leaves_the_rest_to_run(tmp_path, 
     monkeypatch.setattr(vcl_sweep, "REPO", tmp_path)
     assert vcl_sweep.restore_reported(cells) == 1
     restored = json.loads((tmp_path / "runs" / cells[0].name / "measure.json").read_text())
-    assert restored["refusals"]["false_refusal_rate"] == 0.25
-    assert not (tmp_path / "runs" / cells[1].name).exists()
+    assert restored["refusals"]["false_refusal_rate"] == 0.25 and provenance(restored, current) == "carried over"
+    for stale in cells[1:3]:  # measured by other code, or before cells recorded it: left to be run again
+        assert not (tmp_path / "runs" / stale.name).exists()
+        assert provenance(next(r for r in reported["runs"] if r["cell"]["name"] == stale.name), current) == "stale"
     assert vcl_sweep.restore_reported(cells) == 0  # a finished cell is never overwritten
