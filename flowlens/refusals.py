@@ -204,59 +204,34 @@ def format_prompt(tokenizer, prompt: str, chat_template: bool | None = None) -> 
 
 
 def context_length(model) -> int | None:
-    config = model.config
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    from interp.models.generation import context_length as config_context
+
+    return config_context(model.config)
 
 
-def generate_completions(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 64, batch_size: int = 8,
-                         chat_template: bool | None = None, progress: bool = False) -> list[str]:
-    """Greedy completions (new tokens only, special tokens dropped) of any HF causal LM, batched.
+def generate_completions(model, tokenizer, prompts: Sequence[str], max_new_tokens: int = 64,
+                         batch_size: int | None = None, chat_template: bool | None = None, progress: bool = False,
+                         cancel=None) -> list[str]:
+    """Greedy completions (new tokens only, special tokens dropped) of any HF causal LM, batched by
+    ``interp.models.generation.greedy_generate`` (KV cache, left padding, finished rows leave the batch).
 
-    Prompts are left-padded so that every row's next token follows its own last prompt token.
-    A prompt that does not fit in the context together with ``max_new_tokens`` is an error.
+    A prompt that does not fit in the context together with ``max_new_tokens`` is an error, and so is
+    an empty prompt list. ``batch_size`` None: the generator's default.
     """
-    import torch
-    from tqdm.auto import tqdm
+    from interp.models.generation import DEFAULT_BATCH_SIZE, greedy_generate
+    from interp.models.lm import use_chat_template
 
     if not prompts:
         raise ValueError("no prompts to evaluate")
-    from interp.models.lm import use_chat_template
-
     chat_template = use_chat_template(tokenizer, chat_template)
     texts = [format_prompt(tokenizer, p, chat_template) for p in prompts]
-    add_special = not chat_template  # a chat template already holds its own BOS
-    limit = context_length(model)
-    if limit is not None:
-        for index, text in enumerate(texts):
-            length = len(tokenizer(text, add_special_tokens=add_special)["input_ids"])
-            if length + max_new_tokens > limit:
-                raise ValueError(f"prompt {index} has {length} tokens; with {max_new_tokens} new tokens it "
-                                 f"exceeds the model's context of {limit}")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    device = next(model.parameters()).device
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    completions: list[str] = []
-    was_training = model.training
-    model.eval()
     try:
-        for start in tqdm(range(0, len(texts), batch_size), desc="generating", disable=not progress):
-            batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                              add_special_tokens=add_special).to(device)
-            with torch.no_grad():
-                output = model.generate(**batch, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id)
-            new_tokens = output[:, batch["input_ids"].shape[1]:]
-            completions.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
-    return [c.strip() for c in completions]
+        return greedy_generate(model, tokenizer, texts, max_new_tokens=max_new_tokens,
+                               batch_size=batch_size or DEFAULT_BATCH_SIZE,
+                               add_special_tokens=not chat_template,  # a chat template holds its own BOS
+                               progress=progress, cancel=cancel)
+    except ValueError as error:  # name the prompt as the caller numbered it ("text 3" is the same index)
+        raise ValueError(str(error).replace("text ", "prompt ", 1)) from error
 
 
 @dataclass
@@ -269,11 +244,11 @@ class RefusalEvaluation:
 
 
 def evaluate_refusals(model, tokenizer, records: Sequence[PromptRecord], detector: RefusalDetector | None = None,
-                      max_new_tokens: int = 64, batch_size: int = 8, chat_template: bool | None = None,
-                      progress: bool = False) -> RefusalEvaluation:
+                      max_new_tokens: int = 64, batch_size: int | None = None, chat_template: bool | None = None,
+                      progress: bool = False, cancel=None) -> RefusalEvaluation:
     """Generate greedy completions for every prompt and score them."""
     completions = generate_completions(model, tokenizer, [r.prompt for r in records], max_new_tokens, batch_size,
-                                       chat_template, progress)
+                                       chat_template, progress, cancel)
     metrics, rows = score(records, completions, detector)
     return RefusalEvaluation(metrics, rows)
 
@@ -315,16 +290,26 @@ def format_metrics(metrics: RefusalMetrics) -> str:
 
 
 def refusals_command(args) -> int:
+    import time
+
+    from interp.atomic import atomic_write_text
+    from interp.models.lm import use_chat_template
+
     records = read_prompt_set(args.prompts)
     model, tokenizer = load_causal_lm(args.model, args.device)
+    templated = use_chat_template(tokenizer, args.chat_template)
+    started = time.perf_counter()
     evaluation = evaluate_refusals(model, tokenizer, records, max_new_tokens=args.max_new_tokens,
-                                   batch_size=args.batch_size, chat_template=args.chat_template, progress=True)
+                                   batch_size=args.batch_size, chat_template=templated, progress=True)
+    seconds = time.perf_counter() - started
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "prompts": str(args.prompts), **evaluation.to_json()}, indent=2)
-                   + "\n")
+    settings = {"max_new_tokens": args.max_new_tokens, "chat_template": templated, "greedy": True,
+                "detector": "keyword (XSTest string match)", "generation_seconds": round(seconds, 1)}
+    atomic_write_text(out, json.dumps({"model": args.model, "prompts": str(args.prompts), "settings": settings,
+                                       **evaluation.to_json()}, indent=2) + "\n")
     print(format_metrics(evaluation.metrics))
-    print(f"wrote {out}")
+    print(f"{len(records)} prompts generated in {seconds:.0f} s; wrote {out}")
     return 0
 
 
@@ -338,10 +323,13 @@ def add_chat_template_argument(parser) -> None:
 
 
 def add_refusals_arguments(parser) -> None:
+    from interp.cli import at_least
+
     parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--prompts", required=True, help="prompt-set JSONL (prompt, kind, answer?, type?) or XSTest CSV")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=at_least(1), default=64)
+    parser.add_argument("--batch-size", type=at_least(1), default=None,
+                        help="prompts decoded together (default: the generator's, measured best on 2 cores)")
     add_chat_template_argument(parser)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="refusals.json")
