@@ -975,7 +975,7 @@ def build_flowlens_tab(bench: Workbench) -> None:
         alignment = gr.Plot(label="Alignment with the reference", elem_id="flowlens-alignment")
     event = run.click(bench.flowlens_run, [chosen, reference, source, upload, n_prompts, components, stability],
                       [summary, concentration, projections, alignment], api_name="flowlens", concurrency_limit=2)
-    cancel.click(lambda: "**Cancelled**: the analysis stops after the current model.", None, [summary],
+    cancel.click(lambda: "**Cancelled**: the analysis stops within the current chunk of prompts.", None, [summary],
                  cancels=[event], queue=False, api_name=False)
     gr.Markdown("### Lexical diversity of a data set")
     with gr.Row():

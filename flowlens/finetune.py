@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 
 from interp.atomic import atomic_write
+from interp.cli import at_least
 from interp.models.lm import use_chat_template
 
 from .diversity import DataError, read_jsonl
@@ -36,6 +37,7 @@ from .refusals import (MODEL_HELP, add_chat_template_argument, context_length, e
                        read_prompt_set)
 from .vcl import VCLConfig, select_positions, variance_concentration_loss
 
+DEFAULT_MAX_LENGTH = 256  # tokens of prompt + completion, when the model's context allows
 # Settings that may change between a run and its resumption; any other change is a different run.
 RESUMABLE_CHANGES = ("steps", "save_every", "eval_prompts", "eval_max_new_tokens", "device", "progress")
 
@@ -52,7 +54,7 @@ class FinetuneConfig:
     grad_accum: int = 1
     lr: float = 1e-4
     weight_decay: float = 0.0
-    max_length: int = 256
+    max_length: int | None = None  # None: 256 tokens, or the model's context when shorter (resolved at start)
     seed: int = 0
     lora: bool = False
     lora_r: int = 8
@@ -70,6 +72,8 @@ class FinetuneConfig:
             self.vcl = VCLConfig(**self.vcl)
         for name in ("steps", "batch_size", "grad_accum", "max_length", "save_every", "lora_r"):
             value = getattr(self, name)
+            if name == "max_length" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -310,6 +314,8 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
     model, tokenizer = _load(config, model, tokenizer)
     config.chat_template = use_chat_template(tokenizer, config.chat_template)
     limit = context_length(model)
+    if config.max_length is None:
+        config.max_length = min(DEFAULT_MAX_LENGTH, limit or DEFAULT_MAX_LENGTH)
     if limit is not None and config.max_length > limit:
         raise ValueError(f"max_length={config.max_length} exceeds the model's context of {limit}")
     examples = tokenize_examples(rows, tokenizer, config.max_length, config.chat_template, config.data)
@@ -450,7 +456,8 @@ def add_vcl_arguments(parser) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--max-length", type=at_least(2), default=None,
+                        help="tokens of prompt + completion (default: 256, or the model's context when shorter)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (peft) instead of all weights")
     parser.add_argument("--lora-r", type=int, default=8)
