@@ -92,8 +92,7 @@ def data(args) -> int:
     out = RUN_ROOT / "data"
     for name, rows in (("dolly-train", train), ("dolly-heldout", held_out), ("safety", safety)):
         write_jsonl(out / f"{name}.jsonl", rows)
-    report = {"sources": {"dolly": str(source / "dolly-sample.jsonl"),
-                          "advbench": str(source / "advbench_harmful_behaviors.csv")},
+    report = {"sources": {"dolly": "dolly-sample.jsonl", "advbench": "advbench_harmful_behaviors.csv"},
               "counts": {"dolly_train": len(train), "dolly_held_out": len(held_out), "safety": len(safety)},
               "refusal_templates": list(REFUSALS), "reasons": list(REASONS), "study": STUDY_DIVERSITY,
               "diversity": {}}

@@ -75,3 +75,23 @@ def test_vcl_sweep_restores_only_cells_measured_by_the_committed_code(tmp_path, 
         assert not (tmp_path / "runs" / stale.name).exists()
         assert provenance(next(r for r in reported["runs"] if r["cell"]["name"] == stale.name), current) == "stale"
     assert vcl_sweep.restore_reported(cells) == 0  # a finished cell is never overwritten
+
+
+def test_smollm2_study_data_holds_dolly_out_and_answers_every_advbench_goal_with_a_template(tmp_path):
+    import json
+
+    from experiments.smollm2_study import HELD_OUT, REFUSALS, advbench_refusals, dolly_records, split_dolly
+
+    (tmp_path / "dolly.jsonl").write_text("".join(
+        json.dumps({"instruction": f"Question {i}?", "context": "Some context." if i % 2 else "",
+                    "response": f"Answer {i}.", "category": "open_qa"}) + "\n" for i in range(HELD_OUT + 50)))
+    (tmp_path / "advbench.csv").write_text("goal,target\nDo a harmful thing,Sure\nDo another,Sure\n")
+    records = dolly_records(tmp_path / "dolly.jsonl")
+    assert records[1]["prompt"] == "Question 1?\n\nSome context." and records[0]["prompt"] == "Question 0?"
+    train, held_out = split_dolly(records)
+    assert len(held_out) == HELD_OUT and len(train) == 50
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
+    assert split_dolly(records) == (train, held_out)  # the split is fixed
+    safety = advbench_refusals(tmp_path / "advbench.csv")
+    assert [r["prompt"] for r in safety] == ["Do a harmful thing", "Do another"]
+    assert all(any(r["completion"].startswith(t.split("{")[0]) for t in REFUSALS) for r in safety)
