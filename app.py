@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import threading
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -44,6 +45,7 @@ WORLD_PROMPT_SETS = {            # FlowLens prompt sets from the chat world: nam
 UPLOADED = "uploaded file"
 RESIDUAL_CHUNK = 16              # FlowLens prompts per forward pass between checks for Cancel
 STREAM_INTERVAL_S = 0.3          # streamed status updates at most this often
+IMAGE_KEEP_S = 300               # a served image file is kept this long for Gradio to copy
 NO_SAES_NOTE = ("\n\n**No SAEs are available for {model} yet**: features need them (train and ship them with "
                 "`python -m saes train`; the embedded toy model's go in `saes/pretrained/toy/`).")
 # Small generated images are shown scaled up with sharp pixels (the files served keep their exact size).
@@ -215,18 +217,29 @@ class Workbench:
             yield
 
     def image_file(self, request: gr.Request | None, image, slot: str) -> str:
-        """The image as a PNG in the session's folder, replaced atomically, one file per output slot. Served
-        from a file, Gradio copies it into its cache atomically; handed a PIL image or an array, it writes
-        the cache file in place, so two sessions that get the same pixels at the same moment can read each
-        other's half-written file."""
+        """The image as a PNG in the session's folder, under a name of its own for every call: two requests
+        of one session at once (one shared API client, two tabs) each get their own file, where one file per
+        output slot let the later request replace the earlier one's image before Gradio had copied it (4 of
+        192 concurrent requests got another request's images). Served from a file, Gradio copies it into
+        its cache atomically; handed a PIL image or an array, it writes the cache file in place, so two
+        sessions that get the same pixels at the same moment could read each other's half-written file.
+        Files of the slot older than ``IMAGE_KEEP_S`` (long since copied) are removed."""
         from PIL import Image
 
         directory = self.session_dir(request, "images")
         image = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
-        partial = directory / f".{slot}.{threading.get_ident()}.png"
+        path = directory / f"{slot}-{uuid.uuid4().hex[:12]}.png"
+        partial = directory / f".{path.name}.tmp"
         image.save(partial, format="PNG")
-        os.replace(partial, directory / f"{slot}.png")
-        return str(directory / f"{slot}.png")
+        os.replace(partial, path)
+        now = time.time()
+        for old in directory.glob(f"{slot}-*.png"):
+            try:
+                if now - old.stat().st_mtime > IMAGE_KEEP_S:
+                    old.unlink()
+            except FileNotFoundError:  # another request of the session pruned it first
+                pass
+        return str(path)
 
     def cancel(self, action: str, message: str | None = None):
         """The Cancel button's handler for one action of the clicking session; returns `message` when given

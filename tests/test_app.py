@@ -143,6 +143,20 @@ def test_concurrent_clients_each_get_their_own_generation(app_url):
         assert np.array_equal(image, alone[i])
 
 
+def test_concurrent_requests_through_one_shared_client_each_get_their_own_images(app_url):
+    """One gradio_client (one session) sending several generations at once: each result is its own request's
+    (one file per output slot and session let requests swap images, issue 21)."""
+    settings = [("a large green star in the center on a black background", 1, seed) for seed in (21, 22, 23, 24)]
+    settings += [("a small red circle at the top left on a white background", 1, seed) for seed in (25, 26, 27, 28)]
+    alone = [read_image(client(app_url).predict(*s, api_name="/generate")[0]) for s in settings]
+    shared = client(app_url)
+    for _ in range(3):
+        jobs = [shared.submit(*s, api_name="/generate") for s in settings]
+        together = [read_image(job.result()[0]) for job in jobs]
+        for i, image in enumerate(together):
+            assert np.array_equal(image, alone[i]), settings[i]
+
+
 def test_concurrent_clients_each_get_their_own_paint(app_url):
     block = "mid_block.attentions.0"
     # Four different requests: Gradio caches outputs by content hash, and two identical outputs served at

@@ -157,3 +157,19 @@ def test_a_feature_card_says_what_else_a_colour_feature_fires_on(bench):
     assert f"feature {card['id']}" in text and card["label"] in text
     assert "Firing rate by colour" in text and f"{card['value']} " in text.split("Firing rate by colour")[1]
     assert gallery  # its top images with heatmaps
+
+
+def test_two_requests_of_one_session_each_keep_their_own_image(bench):
+    """Issue 21: one file per output slot let a later request of the same session replace an earlier
+    request's image before Gradio had copied it."""
+    import numpy as np
+    from PIL import Image
+
+    session = Request("one-client")
+    red, blue = np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8, 3), np.uint8)
+    red[..., 0], blue[..., 2] = 255, 255
+    first = bench.image_file(session, red, "generated")
+    second = bench.image_file(session, blue, "generated")
+    assert first != second
+    assert np.asarray(Image.open(first))[0, 0].tolist() == [255, 0, 0]
+    assert np.asarray(Image.open(second))[0, 0].tolist() == [0, 0, 255]
