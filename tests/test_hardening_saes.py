@@ -18,6 +18,7 @@ from saes.sae import SAE, WEIGHTS_FILENAME, SAEFormatError
 from saes.strict_json import NonFiniteError, write_json
 from saes.train import CHECKPOINT_FILENAME, LOG_FILENAME, TrainingDivergedError, train
 from saes.trainers import TopKTrainer
+from test_hardening_cli import run_cli as run_any_cli
 from test_saes_cli import MID, small_store
 from test_saes_train import sparse_dictionary_stream, small_config
 
@@ -32,13 +33,7 @@ def one_thread():
 
 def run_cli(args: list[str], capsys) -> tuple[int, str]:
     """(exit status, stderr) of `python -m saes ARGS`, argparse's own refusals included."""
-    try:
-        code = main(args)
-    except SystemExit as exit_:
-        code = exit_.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, err
+    return run_any_cli(main, args, capsys)
 
 
 def strict_json(text: str):
