@@ -436,7 +436,9 @@ def _cell_pixels(position: str) -> np.ndarray:
 
 
 def _pick(rng: np.random.Generator, options) -> str:
-    options = list(options)
+    """One of ``options`` drawn by ``rng``; sorted first, since a set's order changes with Python's string
+    hash seed from one process to the next (the suite was different in every process)."""
+    options = sorted(options)
     return options[int(rng.integers(len(options)))]
 
 
