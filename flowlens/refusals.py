@@ -253,22 +253,6 @@ def evaluate_refusals(model, tokenizer, records: Sequence[PromptRecord], detecto
     return RefusalEvaluation(metrics, rows)
 
 
-def load_causal_lm(name: str, device: str = "cpu"):
-    """(model, tokenizer) from a Hugging Face name or local directory (embedded models through interp)."""
-    try:
-        from interp.models import lm as interp_lm
-    except ImportError:
-        interp_lm = None
-    loader = getattr(interp_lm, "load_hf_lm", None) if interp_lm is not None else None
-    if loader is not None:
-        return loader(name, device=device)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(name)
-    model = AutoModelForCausalLM.from_pretrained(name).to(device).eval()
-    return model, tokenizer
-
-
 def format_metrics(metrics: RefusalMetrics) -> str:
     """The three rates with their counts, then the refusal rate of every prompt type."""
     def show(kind: str, value: float | None) -> str:
@@ -296,7 +280,9 @@ def refusals_command(args) -> int:
     from interp.models.lm import use_chat_template
 
     records = read_prompt_set(args.prompts)
-    model, tokenizer = load_causal_lm(args.model, args.device)
+    from interp.models.lm import load_hf_lm
+
+    model, tokenizer = load_hf_lm(args.model, device=args.device)
     templated = use_chat_template(tokenizer, args.chat_template)
     started = time.perf_counter()
     evaluation = evaluate_refusals(model, tokenizer, records, max_new_tokens=args.max_new_tokens,

@@ -41,14 +41,6 @@ SHIPPED = PRETRAINED_DIR / "toy"
 CHAT_WEIGHTS = WEIGHTS_DIR / "chat-safety-0.4"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def toy_loaded(toy_t2i, monkeypatch):
     """The command lines load the session's toy model instead of loading it again."""

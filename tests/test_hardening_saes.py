@@ -23,14 +23,6 @@ from test_saes_cli import MID, small_store
 from test_saes_train import sparse_dictionary_stream, small_config
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def run_cli(args: list[str], capsys) -> tuple[int, str]:
     """(exit status, stderr) of `python -m saes ARGS`, argparse's own refusals included."""
     return run_any_cli(main, args, capsys)

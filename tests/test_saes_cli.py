@@ -19,14 +19,6 @@ REPO = Path(__file__).resolve().parents[1]
 MID = "mid_block.attentions.0"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.cache
 def small_store() -> Path:
     """Block updates of a random-weight pipeline of the toy model's sizes: 8 images, one step."""

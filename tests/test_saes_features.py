@@ -19,14 +19,6 @@ from saes.sae import SAE, SAEConfig
 GRID = 8  # block positions per side, as on the toy model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _identity_sae(channels: int) -> SAE:
     """Feature f = ReLU(channel f): an SAE whose features are known exactly."""
     sae = SAE(SAEConfig(architecture="standard", d_in=channels, d_sae=channels))

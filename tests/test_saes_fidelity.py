@@ -18,14 +18,6 @@ PROMPTS = ["a red circle on a blue background", "a small green star at the top l
            "a striped orange triangle in the center on a black background"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @functools.cache
 def fitted_sae():
     """A small TopK SAE fitted to the random pipeline's mid-block updates (a few seconds)."""

@@ -141,11 +141,10 @@ def use_chat_template(tokenizer, requested: bool | None = None) -> bool:
 
 
 def hf_n_ctx(config) -> int:
-    for key in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 2048
+    """The model's context in tokens (2048 when its config does not say)."""
+    from .generation import context_length
+
+    return context_length(config) or 2048
 
 
 def gpt2_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
