@@ -95,3 +95,90 @@ def test_smollm2_study_data_holds_dolly_out_and_answers_every_advbench_goal_with
     safety = advbench_refusals(tmp_path / "advbench.csv")
     assert [r["prompt"] for r in safety] == ["Do a harmful thing", "Do another"]
     assert all(any(r["completion"].startswith(t.split("{")[0]) for t in REFUSALS) for r in safety)
+
+
+def _study_data(tmp_path, monkeypatch, n_general=40, n_safety=20):
+    import json
+
+    import experiments.smollm2_study as study
+
+    monkeypatch.setattr(study, "RUN_ROOT", tmp_path)
+    (tmp_path / "data").mkdir()
+    for name, n, kind in (("dolly-train", n_general, "general"), ("dolly-heldout", 5, "held"),
+                          ("safety", n_safety, "safety")):
+        (tmp_path / "data" / f"{name}.jsonl").write_text("".join(
+            json.dumps({"prompt": f"{kind} {i}", "completion": f"answer {i}", "category": kind}) + "\n"
+            for i in range(n)))
+    return study
+
+
+def test_smollm2_mixture_has_the_ratio_of_safety_examples_and_no_held_out_record(tmp_path, monkeypatch):
+    study = _study_data(tmp_path, monkeypatch)
+    for ratio, n_safety in ((0.0, 0), (0.1, 2), (0.4, 8)):
+        rows = study.mixture(ratio, seed=0, n=20)
+        assert len(rows) == 20 and sum(r["prompt"].startswith("safety") for r in rows) == n_safety
+        assert not any(r["prompt"].startswith("held") for r in rows)
+        assert len({r["prompt"] for r in rows}) == 20  # drawn without replacement
+    assert study.mixture(0.4, 0, 20) == study.mixture(0.4, 0, 20) != study.mixture(0.4, 1, 20)
+    # only prompts that fit are drawn; a mixture the data cannot fill is an error, not a smaller mixture
+    rows = study.mixture(0.0, 0, 10, fits=lambda prompt: int(prompt.split()[1]) % 2 == 0)
+    assert all(int(r["prompt"].split()[1]) % 2 == 0 for r in rows)
+    with pytest.raises(ValueError, match="needs 30 safety"):
+        study.mixture(0.75, 0, 40)
+
+
+def test_smollm2_chat_world_answers_are_found_as_whole_words():
+    from experiments.smollm2_study import contains_answer
+
+    assert contains_answer("The sum of 32 and 8 is 40.", "2 + 8 = 10, 3 + 0 + 1 = 4, the sum is 40")
+    assert not contains_answer("The sum is 400.", "2 + 8 = 10, the sum is 40")
+    assert contains_answer("Reversed: River, lamp!", "river lamp")
+    assert not contains_answer("lamp river", "river lamp")
+    assert not contains_answer("", "7")
+
+
+def test_smollm2_grid_runs_the_base_then_every_ratio_per_seed_from_the_highest():
+    from experiments.smollm2_study import RATIOS, cell_name, grid
+
+    cells = grid([0, 1])
+    assert cells[0] == ("base", None, 0) and len(cells) == 1 + 2 * 2 * len(RATIOS)
+    assert cells[1:3] == [("sft", 0.4, 0), ("vcl", 0.4, 0)] and cells[-1] == ("vcl", 0.0, 1)
+    assert cell_name("vcl", 0.4, 1, vcl={"k": 2, "weight": 3.0}) == "r0.4-vcl-k2-l3-s1"
+    assert cell_name("sft", 0.1, 0, steps=24) == "r0.1-sft-s0-steps24"
+
+
+def test_smollm2_report_pairs_vcl_with_sft_of_the_same_seed_and_marks_stale_cells(tmp_path, monkeypatch):
+    import json
+
+    import experiments.smollm2_report as report
+    from experiments.smollm2_study import WINDOW, fingerprint
+
+    def cell(method, ratio, seed, frr, energy, code=None):
+        n_layers = 30
+        return {"name": f"{method}-{ratio}-{seed}", "method": method, "ratio": ratio, "seed": seed, "config": {},
+                "code": code or fingerprint(), "seconds": 1.0,
+                "xstest": {"false_refusal_rate": frr, "harmful_refusal_rate": 0.5, "completions": []},
+                "general": {"dolly_heldout": {"loss": 2.0, "perplexity": 7.4},
+                            "chat_world_tasks": {"accuracy": 0.25}},
+                "geometry": {"concentration": {"top_k_energy": [energy] * n_layers,
+                                               "effective_rank": [5.0] * n_layers,
+                                               "depth": [l / 29 for l in range(n_layers)]},
+                             "alignment": {"mean": 0.9, "mean_by_layer": [0.9] * n_layers}}}
+
+    cells_dir = tmp_path / "cells"
+    cells_dir.mkdir()
+    cells = [cell("base", None, 0, 0.02, 0.5), cell("sft", 0.4, 0, 0.30, 0.6), cell("vcl", 0.4, 0, 0.20, 0.5),
+             cell("sft", 0.4, 1, 0.40, 0.6), cell("vcl", 0.4, 1, 0.20, 0.4, code="old")]
+    for c in cells:
+        (cells_dir / f"{c['name']}.json").write_text(json.dumps(c))
+    monkeypatch.setattr(report, "CELLS", cells_dir)
+    loaded = report.load_cells()
+    assert {c["name"]: c["provenance"] for c in loaded}["vcl-0.4-1"] == "stale"
+    summary, paired = report.summarise(loaded)
+    vcl = next(e for e in summary if e["method"] == "vcl")
+    assert vcl["false_refusal_rate"]["mean"] == pytest.approx(0.2) and vcl["provenance"] == ["computed", "stale"]
+    assert len(paired) == 1 and paired[0]["seeds"] == [0, 1]
+    assert paired[0]["false_refusal_rate"]["mean"] == pytest.approx(-0.15)  # (-0.1 + -0.2) / 2
+    assert paired[0]["window_top3_energy"]["mean"] == pytest.approx(-0.15)
+    text = report.markdown(loaded, summary, paired, None)
+    assert "Not current" in text and "vcl-0.4-1" in text and WINDOW[0] == 0.4
