@@ -258,7 +258,6 @@ def train_cell(name: str, ratio: float, seed: int, steps: int, vcl: dict | None)
                             batch_size=BATCH, lr=LR, max_length=MAX_LENGTH, seed=seed, chat_template=True,
                             vcl=VCLConfig(window=WINDOW, **vcl) if vcl else None, save_every=SAVE_EVERY,
                             progress=False)
-    started = time.perf_counter()
     result = finetune(config, model=model, tokenizer=tokenizer)
     if result["status"] != "finished":
         raise RuntimeError(f"{name}: fine-tuning stopped ({result['status']})")
@@ -268,7 +267,7 @@ def train_cell(name: str, ratio: float, seed: int, steps: int, vcl: dict | None)
     settings = {"finetune": config.to_json(), "lora": {**LORA, "target_modules": targets},
                 "data": {"mixture": {"n": steps * BATCH, "safety": round(ratio * steps * BATCH)},
                          **{k: _sha256(v) for k, v in data_paths().items()}},
-                "train_seconds": round(time.perf_counter() - started, 1),
+                "train_seconds": round(sum(e["seconds"] for e in log), 1),  # over every resumption
                 "final_sft_loss": sum(e["sft_loss"] for e in log[-10:]) / len(log[-10:]),
                 "final_vcl_ratio": (sum(e["vcl_ratio"] for e in log[-10:]) / len(log[-10:])) if vcl else None}
     return model.merge_and_unload(), tokenizer, settings
