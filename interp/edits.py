@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .names import block_name
+
 MODES = ("add", "scale", "set", "ablate", "splice")
 CFG_HALVES = (None, "cond", "uncond")
 FEATURE_MODES = ("scale", "set")  # need a feature and an SAE
@@ -162,7 +164,7 @@ def validate_edits(edits: list[Edit], blocks: dict, saes: dict | None = None, n_
     saes = saes or {}
     for i, edit in enumerate(edits):
         where = f"edit {i} ({edit.mode} on {edit.block})"
-        name = edit.block[len("unet."):] if edit.block.startswith("unet.") else edit.block
+        name = block_name(edit.block)
         if name not in blocks:
             raise EditError(f"{where}: unknown block {edit.block!r}; the model's blocks are: {', '.join(blocks)}")
         info = blocks[name]
@@ -247,7 +249,7 @@ class PreparedEdits:
     def __init__(self, edits: list[Edit], saes: dict):
         self.by_block: dict[str, list[Edit]] = {}
         for edit in edits:
-            name = edit.block[len("unet."):] if edit.block.startswith("unet.") else edit.block
+            name = block_name(edit.block)
             self.by_block.setdefault(name, []).append(edit)
         self.saes = saes
 
@@ -280,5 +282,4 @@ class PreparedEdits:
 
 
 def prepare_edits(edits: list[Edit], saes: dict | None = None) -> PreparedEdits:
-    return PreparedEdits(edits, {(k[len("unet."):] if k.startswith("unet.") else k): v
-                                 for k, v in (saes or {}).items()})
+    return PreparedEdits(edits, {block_name(k): v for k, v in (saes or {}).items()})

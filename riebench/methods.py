@@ -40,7 +40,8 @@ import torch
 
 from interp.edits import Edit, downsample_mask
 from interp.hooks import capture_updates, generate
-from interp.hooks.diffusion import block_name
+from interp.hooks.diffusion import capture_neurons, neuron_directions
+from interp.names import block_name
 from interp.models.t2i import SDXL_BLOCKS
 
 from .tasks import Task, TaskError
@@ -160,58 +161,6 @@ class TaskContext:
     notes: list[str] = field(default_factory=list)
 
 
-def ff_modules(unet, block: str) -> list[str]:
-    """Module paths of the MLP input projections (`ff.net.0`) of a block's transformer layers."""
-    names = [n for n, _ in unet.named_modules() if n.startswith(block + ".transformer_blocks.")
-             and n.endswith(".ff.net.0")]
-    if not names:
-        raise MethodError(f"block {block} has no ff.net.0 (MLP) module")
-    return sorted(names, key=lambda n: int(n.split(".transformer_blocks.")[1].split(".")[0]))
-
-
-@contextlib.contextmanager
-def capture_neurons(unet, blocks: list[str]):
-    """Record the outputs of every `ff.net.0` of the blocks: block -> list over calls of
-    (batch, tokens, neurons) per layer. Plain forward hooks, removed on exit."""
-    modules = dict(unet.named_modules())
-    records: dict[str, list[list[torch.Tensor]]] = {b: [] for b in blocks}
-    handles = []
-
-    def make(block, layer, n_layers):
-        def hook(module, args, output):
-            if layer == 0:
-                records[block].append([])
-            records[block][-1].append(output.detach().float().cpu())
-        return hook
-
-    try:
-        for block in blocks:
-            names = ff_modules(unet, block)
-            for layer, name in enumerate(names):
-                handles.append(modules[name].register_forward_hook(make(block, layer, len(names))))
-        yield records
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def neuron_directions(unet, block: str) -> torch.Tensor:
-    """(layers, neurons, channels): what one unit of each neuron writes into the block update.
-
-    ff.net.2 maps the neurons to the layer's hidden state and proj_out maps that to the
-    update; both linear, so the write direction is proj_out.weight @ ff.net.2.weight[:, n].
-    Exact for the last layer; for earlier ones it ignores what later layers do with it.
-    """
-    modules = dict(unet.named_modules())
-    proj_out = modules[block + ".proj_out"].weight.detach().float()
-    proj_out = proj_out.reshape(proj_out.shape[0], -1)  # a 1x1 convolution or a linear layer
-    rows = []
-    for name in ff_modules(unet, block):
-        ff2 = modules[name[: -len("0")] + "2"].weight.detach().float()  # (inner, neurons)
-        rows.append((proj_out @ ff2).T)
-    return torch.stack(rows)
-
-
 def block_region(mask: np.ndarray, info, threshold: float) -> np.ndarray:
     return np.asarray(downsample_mask(mask, info, threshold=threshold), np.float32)
 
@@ -226,7 +175,7 @@ def prepare_task(model, task: Task, blocks: list[str], seed: int | None = None, 
     steps = model.default_steps if steps is None else steps
     images, updates, neuron_records = [], [], []
     for prompt in (task.original, task.edited):
-        neuron_ctx = capture_neurons(model.unet, blocks) if neurons else contextlib.nullcontext({})
+        neuron_ctx = capture_neurons(model, blocks) if neurons else contextlib.nullcontext(None)
         with capture_updates(model, blocks, device="cpu", dtype=torch.float32) as cap, neuron_ctx as recorded:
             images.append(generate(model, prompt, steps=steps, seed=seed)[0])
         updates.append({b: cap.updates(b, half="cond")[:, -1] for b in blocks})
@@ -235,8 +184,9 @@ def prepare_task(model, task: Task, blocks: list[str], seed: int | None = None, 
             for b in blocks:
                 info = model.blocks[b]
                 # one record per U-Net call; each layer (batch, tokens, neurons); keep the cond row (last)
-                per_block[b] = torch.stack([torch.stack([layer[-1] for layer in call]) for call in recorded[b]]) \
-                    .reshape(len(recorded[b]), -1, info.height, info.width, recorded[b][0][0].shape[-1])
+                calls = recorded.records[b]
+                per_block[b] = torch.stack([torch.stack([layer[-1] for layer in call]) for call in calls]) \
+                    .reshape(len(calls), -1, info.height, info.width, calls[0][0].shape[-1])
             neuron_records.append(per_block)
     size = np.asarray(images[0]).shape[:2]
     notes = []

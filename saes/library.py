@@ -211,14 +211,9 @@ class FeatureLibrary:
 
 def _generate_any(model, prompt: str, seed: int, steps: int | None):
     """Generation that accepts the empty prompt (the unconditional image)."""
-    from interp.hooks.diffusion import run_pipeline
+    from interp.models.t2i import generate
 
-    generators = [torch.Generator(device="cpu").manual_seed(int(seed))]
-    latents = model.initial_latents(generators)
-    with torch.inference_mode():
-        out = run_pipeline(model.pipe, prompt=[prompt], num_inference_steps=steps or model.default_steps,
-                           guidance_scale=model.default_guidance, latents=latents.to(model.unet.device))
-    return out.images[0]
+    return generate(model, prompt, steps=steps, seed=seed, allow_empty_prompt=True)[0]
 
 
 def heatmap_overlay(image, heatmap, scale: int = 4, alpha: float = 0.6) -> np.ndarray:

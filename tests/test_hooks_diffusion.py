@@ -193,6 +193,33 @@ def test_two_threads_on_one_pipeline_give_exactly_the_images_each_gives_alone(mo
     assert _no_hooks_left(model.unet)
 
 
+def test_two_threads_capturing_neurons_on_one_pipeline_record_only_their_own_generation(model):
+    """riebench's neuron capture used plain module hooks: one thread's capture recorded the other's generation."""
+    from interp.hooks.diffusion import capture_neurons
+
+    def run(key, steps, results, start):
+        start.wait()
+        with capture_neurons(model, [MID]) as neurons:
+            generate(model, "a red circle", steps=steps, seed=5, guidance=0.0, output_type="latent")
+        results[key] = neurons.records[MID]
+
+    alone = {}
+    run("two", 2, alone, _ready())
+    assert len(alone["two"]) == 2 and alone["two"][0][0].ndim == 3  # per call: per layer (batch, tokens, neurons)
+    for _ in range(3):
+        together, start = {}, threading.Barrier(2)
+        threads = [threading.Thread(target=run, args=(key, steps, together, start))
+                   for key, steps in (("two", 2), ("five", 5))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(together["two"]) == 2 and len(together["five"]) == 5
+        for mine, theirs in zip(together["two"], alone["two"]):
+            torch.testing.assert_close(mine[0], theirs[0])
+    assert _no_hooks_left(model.unet)
+
+
 def test_a_hook_called_by_another_thread_while_torch_registers_it_is_ignored(model):
     """torch adds a hook before marking it as taking kwargs, so another thread's forward on the shared UNet can
     call it in between without them (seen once in CI as a TypeError in that thread): it must be a no-op."""

@@ -15,64 +15,36 @@ denoising step. Under classifier-free guidance, diffusers' SDXL pipelines run th
 unconditional and conditional batches as one batch `[uncond, cond]`; records keep the
 two halves apart.
 
-The pipeline object itself is not safe to call from two threads at once (it keeps the
-scheduler's step state and the guidance scale on itself, and its tokenizers keep
-padding settings between calls); `run_pipeline` calls it through a private shallow copy
-with its own scheduler and a lock around prompt encoding, and `generate` is a
-thread-safe counterpart of `T2IModel.generate` built on it.
+Generation itself (the thread-safe `run_pipeline`, `generate`, `on_each_step`) belongs to
+`interp.models.t2i`; hooks learn from it whether the call in progress runs classifier-free
+guidance (`current_generation_call`). Those names are re-exported here for existing callers.
 """
 
 from __future__ import annotations
 
-import copy
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..edits import Edit, EditError, PreparedEdits, prepare_edits, validate_edits
-from ..models.t2i import SDXL_BLOCKS, BlockInfo, block_info
+from ..models.t2i import (SDXL_BLOCKS, BlockInfo, Cancelled, GenerationCall, block_info, current_generation_call,
+                          generate, on_each_step, private_pipeline, run_pipeline)
+from ..names import block_name
 
 HALVES = ("cond", "uncond", "all")
+__all__ = ["BlockCapture", "Cancelled", "EditSession", "GenerationCall", "HookError", "NeuronCapture", "ScopedHooks",
+           "StepRecord", "apply_edits", "block_name", "capture_neurons", "capture_updates", "generate",
+           "hookable_blocks", "mlp_neuron_modules", "neuron_directions", "on_each_step", "private_pipeline",
+           "resolve_blocks", "run_pipeline", "unet_of"]
 
 
 class HookError(ValueError):
     """A hook request that cannot be served (unknown block, missing half), with the valid choices."""
 
 
-class Cancelled(Exception):
-    """A generation stopped by its caller (see `on_each_step`) between two denoising steps."""
-
-
-@dataclass(frozen=True)
-class GenerationCall:
-    """What a pipeline call tells the hooks that run inside it (set by `run_pipeline`)."""
-
-    cfg: bool  # the U-Net batch is [uncond, cond]
-
-
 # Sessions active in the current context; a hook acts only if its session is in here.
 _ACTIVE_SESSIONS: ContextVar[tuple] = ContextVar("interp_diffusion_sessions", default=())
-# The pipeline call in progress in the current context (None outside `run_pipeline`).
-_GENERATION_CALL: ContextVar[GenerationCall | None] = ContextVar("interp_generation_call", default=None)
-# Called as fn(done_steps, total_steps) before the first and after every denoising step of each pipeline call
-# made in the current context; it may raise `Cancelled` to stop the generation there.
-_STEP_CALLBACK: ContextVar[Callable[[int, int], None] | None] = ContextVar("interp_step_callback", default=None)
-
-
-@contextmanager
-def on_each_step(callback: Callable[[int, int], None]) -> Iterator[None]:
-    """Report progress and allow cancellation of every generation run inside the `with`, in this context
-    only (so a UI can stop one user's generation, however deep in the library it was started)."""
-    token = _STEP_CALLBACK.set(callback)
-    try:
-        yield
-    finally:
-        _STEP_CALLBACK.reset(token)
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -91,11 +63,6 @@ def hookable_blocks(model_or_unet) -> dict[str, BlockInfo]:
     return block_info(unet_of(model_or_unet))
 
 
-def block_name(name: str) -> str:
-    """`unet.mid_block.attentions.0` and `mid_block.attentions.0` name the same block."""
-    return name[len("unet."):] if name.startswith("unet.") else name
-
-
 def resolve_blocks(unet, names) -> dict[str, torch.nn.Module]:
     """Block name -> module; an unknown name raises HookError listing the valid ones."""
     if isinstance(names, str):
@@ -111,86 +78,6 @@ def resolve_blocks(unet, names) -> dict[str, torch.nn.Module]:
     if not resolved:
         raise HookError(f"no block given; choose from: {', '.join(valid)}")
     return resolved
-
-
-# ----------------------------------------------------------------------------- pipeline calls
-
-def do_cfg(pipe, guidance_scale: float) -> bool:
-    """Whether an SDXL pipeline call with this guidance batches [uncond, cond] (diffusers' rule)."""
-    return guidance_scale > 1.0 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
-
-
-# Tokenizers keep padding/truncation settings on themselves between calls (the Rust
-# backend is set up per call), so two threads tokenizing at once get each other's lengths.
-# Text encoding is a small part of a generation: it is serialised, denoising is not.
-_TEXT_LOCK = threading.RLock()
-
-
-def private_pipeline(pipe):
-    """A shallow copy of the pipeline that shares every model but owns its scheduler and call state.
-
-    diffusers pipelines keep per-call state on themselves (`_guidance_scale`, the
-    scheduler's timesteps and step index); two threads calling one pipeline overwrite it.
-    Its prompt encoding holds a process-wide lock (shared tokenizers are not thread-safe).
-    """
-    private = copy.copy(pipe)
-    # Bypass DiffusionPipeline.__setattr__, which would rewrite the shared config.
-    private.__dict__["scheduler"] = copy.deepcopy(pipe.scheduler)
-    if hasattr(private, "encode_prompt"):
-        encode_prompt = private.encode_prompt
-
-        def locked_encode_prompt(*args, **kwargs):
-            with _TEXT_LOCK:
-                return encode_prompt(*args, **kwargs)
-
-        private.__dict__["encode_prompt"] = locked_encode_prompt
-    return private
-
-
-def run_pipeline(pipe, **call_kwargs):
-    """Call the pipeline through a private copy (thread-safe) and tell active hooks about the call."""
-    guidance = float(call_kwargs.get("guidance_scale", 5.0))
-    callback = _STEP_CALLBACK.get()
-    if callback is not None and "callback_on_step_end" not in call_kwargs:
-        total = int(call_kwargs.get("num_inference_steps") or 1)
-        callback(0, total)
-
-        def step_end(_pipe, step, _timestep, _tensors):
-            callback(step + 1, total)
-            return {}
-
-        call_kwargs["callback_on_step_end"] = step_end
-    token = _GENERATION_CALL.set(GenerationCall(cfg=do_cfg(pipe, guidance)))
-    try:
-        return private_pipeline(pipe)(**call_kwargs)
-    finally:
-        _GENERATION_CALL.reset(token)
-
-
-def generate(model, prompt: str | list[str], steps: int | None = None, seed: int | list[int] = 0,
-             guidance: float | None = None, height: int | None = None, width: int | None = None,
-             output_type: str = "pil"):
-    """`T2IModel.generate`, safe to run from several threads on one model at once.
-
-    Returns PIL images (or, with output_type="np", a float array (batch, height, width, 3) in [0, 1]).
-    """
-    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-    with _TEXT_LOCK:  # check_prompt tokenizes with the shared tokenizers
-        prompts = [model.check_prompt(p) for p in prompts]
-    steps = model.default_steps if steps is None else steps
-    guidance = model.default_guidance if guidance is None else guidance
-    seeds = [seed] * len(prompts) if isinstance(seed, (int, np.integer)) else list(seed)
-    if len(seeds) != len(prompts):
-        raise HookError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-    model.check_request(steps, height, width, guidance=guidance, seeds=seeds)
-    guidance = float(guidance)
-    generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
-    latents = model.initial_latents(generators, height, width)
-    with torch.inference_mode():
-        out = run_pipeline(model.pipe, prompt=prompts, num_inference_steps=steps, guidance_scale=guidance,
-                           latents=latents.to(model.unet.device), height=height, width=width,
-                           output_type=output_type)
-    return out.images
 
 
 # ----------------------------------------------------------------------------- sessions
@@ -234,7 +121,7 @@ class StepState:
     last_call: GenerationCall | None = None
 
     def advance(self, sample: torch.Tensor, timestep, encoder_hidden_states) -> None:
-        call = _GENERATION_CALL.get()
+        call = current_generation_call()
         t = float(timestep.flatten()[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
         if call is not None:
             new_generation = call is not self.last_call
@@ -251,7 +138,47 @@ class StepState:
             self.step += 1
 
 
-class UNetSession:
+class ScopedHooks:
+    """Forward hooks registered on entering the `with` and removed on leaving it, that act only in the context
+    (thread, asyncio task) that entered it. Subclasses register their hooks in `_register` and start each hook
+    with `if not self._active(): return None`."""
+
+    _handles: list
+    _token = None
+
+    def _register(self) -> list:
+        """Register the hooks; returns their handles."""
+        raise NotImplementedError
+
+    def _active(self) -> bool:
+        return self in _ACTIVE_SESSIONS.get()
+
+    def __enter__(self):
+        self._handles = []
+        try:
+            self._register()
+        except BaseException:
+            self._remove()
+            raise
+        self._token = _ACTIVE_SESSIONS.set(_ACTIVE_SESSIONS.get() + (self,))
+        return self
+
+    def _remove(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def __exit__(self, *exc):
+        try:
+            if self._token is not None:
+                _ACTIVE_SESSIONS.reset(self._token)
+                self._token = None
+        finally:
+            self._remove()
+        return False
+
+
+class UNetSession(ScopedHooks):
     """Hooks on a U-Net's blocks that act only in the context that entered the session."""
 
     def __init__(self, model_or_unet, blocks):
@@ -260,10 +187,6 @@ class UNetSession:
         self.blocks = list(self.modules)
         self.state = StepState()
         self._handles: list = []
-        self._token = None
-
-    def _active(self) -> bool:
-        return self in _ACTIVE_SESSIONS.get()
 
     # Hooks are registered with kwargs, but torch adds a hook to the module before marking it as taking kwargs:
     # another thread's forward on the shared UNet can call it in between without them. That call is never this
@@ -290,30 +213,78 @@ class UNetSession:
         """Called with the block's input and output in the owning context; may return a new output."""
         raise NotImplementedError
 
-    def __enter__(self):
-        try:
-            self._handles.append(self.unet.register_forward_pre_hook(self._on_unet_call, with_kwargs=True))
-            for name, module in self.modules.items():
-                self._handles.append(module.register_forward_hook(self._make_block_hook(name), with_kwargs=True))
-        except BaseException:
-            self._remove()
-            raise
-        self._token = _ACTIVE_SESSIONS.set(_ACTIVE_SESSIONS.get() + (self,))
-        return self
+    def _register(self) -> None:
+        self._handles.append(self.unet.register_forward_pre_hook(self._on_unet_call, with_kwargs=True))
+        for name, module in self.modules.items():
+            self._handles.append(module.register_forward_hook(self._make_block_hook(name), with_kwargs=True))
 
-    def _remove(self):
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
 
-    def __exit__(self, *exc):
-        try:
-            if self._token is not None:
-                _ACTIVE_SESSIONS.reset(self._token)
-                self._token = None
-        finally:
-            self._remove()
-        return False
+# ----------------------------------------------------------------------------- MLP neurons
+
+def mlp_neuron_modules(model_or_unet, block: str) -> list[str]:
+    """Module paths of the MLP input projections (``ff.net.0``: the neurons) of a block's transformer layers,
+    in layer order: the U-Net's neuron sites."""
+    unet = unet_of(model_or_unet)
+    key = block_name(block)
+    names = [n for n, _ in unet.named_modules() if n.startswith(key + ".transformer_blocks.") and n.endswith(".ff.net.0")]
+    if not names:
+        raise HookError(f"block {block} has no ff.net.0 (MLP) module")
+    return sorted(names, key=lambda n: int(n.split(".transformer_blocks.")[1].split(".")[0]))
+
+
+def neuron_directions(model_or_unet, block: str) -> torch.Tensor:
+    """(layers, neurons, channels): what one unit of each neuron writes into the block update.
+
+    ff.net.2 maps the neurons to the layer's hidden state and proj_out maps that to the
+    update; both linear, so the write direction is proj_out.weight @ ff.net.2.weight[:, n].
+    Exact for the last layer; for earlier ones it ignores what later layers do with it.
+    """
+    unet = unet_of(model_or_unet)
+    modules = dict(unet.named_modules())
+    proj_out = modules[block_name(block) + ".proj_out"].weight.detach().float()
+    proj_out = proj_out.reshape(proj_out.shape[0], -1)  # a 1x1 convolution or a linear layer
+    rows = []
+    for name in mlp_neuron_modules(unet, block):
+        ff2 = modules[name[: -len("0")] + "2"].weight.detach().float()  # (inner, neurons)
+        rows.append((proj_out @ ff2).T)
+    return torch.stack(rows)
+
+
+class NeuronCapture(ScopedHooks):
+    """The neuron activations (outputs of every ``ff.net.0``) of blocks, per U-Net call, in the owning context
+    only: ``records[block]`` is a list over calls of a list over layers of (batch, tokens, neurons), float32 CPU."""
+
+    def __init__(self, model_or_unet, blocks):
+        self.unet = unet_of(model_or_unet)
+        self.sites = {key: mlp_neuron_modules(self.unet, key) for key in resolve_blocks(self.unet, blocks)}
+        self.records: dict[str, list[list[torch.Tensor]]] = {block: [] for block in self.sites}
+        self._handles: list = []
+
+    def _make_hook(self, block: str, layer: int):
+        def hook(module, args, output):
+            if not self._active():
+                return None
+            if layer == 0:
+                self.records[block].append([])
+            self.records[block][-1].append(output.detach().float().cpu())
+            return None
+        return hook
+
+    def _register(self) -> None:
+        modules = dict(self.unet.named_modules())
+        for block, names in self.sites.items():
+            for layer, name in enumerate(names):
+                self._handles.append(modules[name].register_forward_hook(self._make_hook(block, layer)))
+
+
+def capture_neurons(model_or_unet, blocks) -> NeuronCapture:
+    """Context manager recording the MLP neurons of blocks at every U-Net call made in this context:
+
+        with capture_neurons(model, ["up_blocks.0.attentions.1"]) as neurons:
+            generate(model, "a red circle")
+        neurons.records["up_blocks.0.attentions.1"]   # per call, per layer: (batch, tokens, neurons)
+    """
+    return NeuronCapture(model_or_unet, blocks)
 
 
 def _halves(tensor: torch.Tensor, cfg: bool, half: str) -> torch.Tensor:

@@ -3,8 +3,13 @@ SDXL base, or any local directory saved with `save_pretrained`."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -140,9 +145,7 @@ class T2IModel:
                  guidance: float | None = None, height: int | None = None, width: int | None = None,
                  output_type: str = "pil") -> list:
         """PIL images, one per prompt; the same seed gives the same image. Safe to call from
-        several threads at once (see `interp.hooks.diffusion.generate`)."""
-        from ..hooks.diffusion import generate
-
+        several threads at once (see `generate`)."""
         return generate(self, prompt, steps=steps, seed=seed, guidance=guidance, height=height, width=width,
                         output_type=output_type)
 
@@ -153,6 +156,128 @@ class T2IModel:
         c = self.pipe.unet.config.in_channels
         # Unit noise: diffusers' prepare_latents scales given latents by init_noise_sigma itself.
         return torch.stack([torch.randn((c, h, w), generator=g) for g in generators]).to(self.pipe.unet.dtype)
+
+
+# ----------------------------------------------------------------------------- generation
+#
+# The pipeline object is not safe to call from two threads at once (it keeps the scheduler's
+# step state and the guidance scale on itself, and its tokenizers keep padding settings between
+# calls); `run_pipeline` calls it through a private shallow copy with its own scheduler and a lock
+# around prompt encoding, and `generate` is `T2IModel.generate` built on it. Hooks
+# (`interp.hooks.diffusion`) read the call in progress through `current_generation_call`.
+
+class Cancelled(Exception):
+    """A generation stopped by its caller (see `on_each_step`) between two denoising steps."""
+
+
+@dataclass(frozen=True)
+class GenerationCall:
+    """What a pipeline call tells the hooks that run inside it (set by `run_pipeline`)."""
+
+    cfg: bool  # the U-Net batch is [uncond, cond]
+
+
+# The pipeline call in progress in the current context (None outside `run_pipeline`).
+_GENERATION_CALL: ContextVar[GenerationCall | None] = ContextVar("interp_generation_call", default=None)
+# Called as fn(done_steps, total_steps) before the first and after every denoising step of each pipeline call
+# made in the current context; it may raise `Cancelled` to stop the generation there.
+_STEP_CALLBACK: ContextVar[Callable[[int, int], None] | None] = ContextVar("interp_step_callback", default=None)
+
+
+def current_generation_call() -> GenerationCall | None:
+    """The pipeline call in progress in this context (None outside `run_pipeline`): what hooks need to know."""
+    return _GENERATION_CALL.get()
+
+
+@contextmanager
+def on_each_step(callback: Callable[[int, int], None]) -> Iterator[None]:
+    """Report progress and allow cancellation of every generation run inside the `with`, in this context
+    only (so a UI can stop one user's generation, however deep in the library it was started)."""
+    token = _STEP_CALLBACK.set(callback)
+    try:
+        yield
+    finally:
+        _STEP_CALLBACK.reset(token)
+
+
+def do_cfg(pipe, guidance_scale: float) -> bool:
+    """Whether an SDXL pipeline call with this guidance batches [uncond, cond] (diffusers' rule)."""
+    return guidance_scale > 1.0 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
+
+
+# Tokenizers keep padding/truncation settings on themselves between calls (the Rust
+# backend is set up per call), so two threads tokenizing at once get each other's lengths.
+# Text encoding is a small part of a generation: it is serialised, denoising is not.
+_TEXT_LOCK = threading.RLock()
+
+
+def private_pipeline(pipe):
+    """A shallow copy of the pipeline that shares every model but owns its scheduler and call state.
+
+    diffusers pipelines keep per-call state on themselves (`_guidance_scale`, the
+    scheduler's timesteps and step index); two threads calling one pipeline overwrite it.
+    Its prompt encoding holds a process-wide lock (shared tokenizers are not thread-safe).
+    """
+    private = copy.copy(pipe)
+    # Bypass DiffusionPipeline.__setattr__, which would rewrite the shared config.
+    private.__dict__["scheduler"] = copy.deepcopy(pipe.scheduler)
+    if hasattr(private, "encode_prompt"):
+        encode_prompt = private.encode_prompt
+
+        def locked_encode_prompt(*args, **kwargs):
+            with _TEXT_LOCK:
+                return encode_prompt(*args, **kwargs)
+
+        private.__dict__["encode_prompt"] = locked_encode_prompt
+    return private
+
+
+def run_pipeline(pipe, **call_kwargs):
+    """Call the pipeline through a private copy (thread-safe) and tell active hooks about the call."""
+    guidance = float(call_kwargs.get("guidance_scale", 5.0))
+    callback = _STEP_CALLBACK.get()
+    if callback is not None and "callback_on_step_end" not in call_kwargs:
+        total = int(call_kwargs.get("num_inference_steps") or 1)
+        callback(0, total)
+
+        def step_end(_pipe, step, _timestep, _tensors):
+            callback(step + 1, total)
+            return {}
+
+        call_kwargs["callback_on_step_end"] = step_end
+    token = _GENERATION_CALL.set(GenerationCall(cfg=do_cfg(pipe, guidance)))
+    try:
+        return private_pipeline(pipe)(**call_kwargs)
+    finally:
+        _GENERATION_CALL.reset(token)
+
+
+def generate(model, prompt: str | list[str], steps: int | None = None, seed: int | list[int] = 0,
+             guidance: float | None = None, height: int | None = None, width: int | None = None,
+             output_type: str = "pil", allow_empty_prompt: bool = False):
+    """`T2IModel.generate`, safe to run from several threads on one model at once.
+
+    Returns PIL images (or, with output_type="np", a float array (batch, height, width, 3) in [0, 1]).
+    ``allow_empty_prompt``: an empty prompt generates the unconditional image instead of being an error.
+    """
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    with _TEXT_LOCK:  # check_prompt tokenizes with the shared tokenizers
+        prompts = ["" if allow_empty_prompt and isinstance(p, str) and not p.strip() else model.check_prompt(p)
+                   for p in prompts]
+    steps = model.default_steps if steps is None else steps
+    guidance = model.default_guidance if guidance is None else guidance
+    seeds = [seed] * len(prompts) if isinstance(seed, (int, np.integer)) else list(seed)
+    if len(seeds) != len(prompts):
+        raise ModelError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    model.check_request(steps, height, width, guidance=guidance, seeds=seeds)
+    guidance = float(guidance)
+    generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
+    latents = model.initial_latents(generators, height, width)
+    with torch.inference_mode():
+        out = run_pipeline(model.pipe, prompt=prompts, num_inference_steps=steps, guidance_scale=guidance,
+                           latents=latents.to(model.unet.device), height=height, width=width,
+                           output_type=output_type)
+    return out.images
 
 
 def _words(prompt: str) -> list[str]:
