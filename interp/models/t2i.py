@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..zoo import WEIGHTS_DIR
+from .generation import Cancelled  # noqa: F401 - one exception for every stopped generation, image or text
 
 SDXL_BLOCKS = ("down_blocks.2.attentions.1", "mid_block.attentions.0",
                "up_blocks.0.attentions.0", "up_blocks.0.attentions.1")
@@ -165,10 +166,6 @@ class T2IModel:
 # calls); `run_pipeline` calls it through a private shallow copy with its own scheduler and a lock
 # around prompt encoding, and `generate` is `T2IModel.generate` built on it. Hooks
 # (`interp.hooks.diffusion`) read the call in progress through `current_generation_call`.
-
-class Cancelled(Exception):
-    """A generation stopped by its caller (see `on_each_step`) between two denoising steps."""
-
 
 @dataclass(frozen=True)
 class GenerationCall:
