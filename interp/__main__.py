@@ -1,4 +1,4 @@
-"""python -m interp {generate,collect,blocks} ..."""
+"""python -m interp {generate,collect,blocks,hooks} ..."""
 
 from __future__ import annotations
 
@@ -22,10 +22,41 @@ def _generate(args) -> int:
     return 0
 
 
+def _lm_description(name: str) -> dict:
+    """A language model's hook names and sizes, from its config alone (no weights are loaded)."""
+    from transformers import AutoConfig
+
+    from .hooks.lm import residual_hook_names
+    from .models.lm import LMError, hf_n_ctx, resolve_lm
+
+    source, local = resolve_lm(name)
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
+    except OSError as error:
+        raise LMError(f"cannot read the config of {name!r}: {error}") from error
+    n_layers = config.num_hidden_layers
+    return {"model": name, "kind": "language-model", "model_type": config.model_type, "n_layers": n_layers,
+            "d_model": config.hidden_size, "n_ctx": hf_n_ctx(config), "hooks": residual_hook_names(n_layers)}
+
+
 def _blocks(args) -> int:
+    from .lm_text import is_language_model
     from .models import load_t2i
 
+    if is_language_model(args.model):
+        print(json.dumps(_lm_description(args.model), indent=2))
+        return 0
     print(json.dumps(load_t2i(args.model).describe(), indent=2))
+    return 0
+
+
+def _hooks(args) -> int:
+    """One valid hook name per line: an LM's residual hooks, or a text-to-image model's blocks."""
+    from .lm_text import is_language_model
+    from .models import load_t2i
+
+    names = _lm_description(args.model)["hooks"] if is_language_model(args.model) else list(load_t2i(args.model).blocks)
+    print("\n".join(names))
     return 0
 
 
@@ -47,9 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     blocks = commands.add_parser("blocks", help="list a model's hookable blocks, channels and sizes")
     blocks.add_argument("--model", default="toy")
     blocks.set_defaults(run=_blocks)
+    hooks = commands.add_parser("hooks", help="list the hook names a model has, one a line (language models: "
+                                              "blocks.L.hook_resid_pre|mid|post)")
+    hooks.add_argument("--model", required=True, help="toy-chat, smollm2-135m-instruct, an LM directory, or toy, ...")
+    hooks.set_defaults(run=_hooks)
     from .store import add_collect_arguments, collect_command
 
-    collect = commands.add_parser("collect", help="record block updates into an activation store (resumable)")
+    collect = commands.add_parser("collect", help="record block updates (text-to-image) or residuals (language "
+                                                  "models, --text) into an activation store (resumable)")
     add_collect_arguments(collect)
     collect.set_defaults(run=collect_command)
     return run_command(parser.parse_args(argv))

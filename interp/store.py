@@ -34,9 +34,10 @@ import hashlib
 import json
 import os
 import random
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import ClassVar, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -186,11 +187,11 @@ def _shard_digests(path: Path) -> dict[str, str] | None:
     return json.loads(recorded) if recorded else None
 
 
-def _shard_is_whole(path: Path, blocks: list[str]) -> bool:
+def _shard_is_whole(path: Path, blocks: list[str], index_key: str = "image_index") -> bool:
     """The header of an existing shard lists every block (cheap: no tensor is read)."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            return set(blocks) | {"image_index"} <= set(f.keys())
+            return set(blocks) | {index_key} <= set(f.keys())
     except Exception:  # noqa: BLE001 - any unreadable file is treated as missing
         return False
 
@@ -209,7 +210,8 @@ def _capture_images(model, plan: CollectionPlan, start: int, stop: int) -> dict[
 def _check_plan(out: Path, plan: CollectionPlan) -> None:
     existing = json.loads((out / PLAN_FILE).read_text())
     mine = plan.to_dict()
-    differing = sorted(k for k in mine if k != "shapes" and existing.get(k) != mine[k])
+    ignored = getattr(plan, "RESUME_IGNORES", ("shapes",))
+    differing = sorted(k for k in mine if k not in ignored and existing.get(k) != mine[k])
     if differing:
         raise StoreError(f"{out} holds a collection with other settings ({', '.join(differing)} differ); "
                          f"resume with the same arguments or choose another --out")
@@ -268,36 +270,263 @@ def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, 
         start, stop = plan.shard_range(shard)
         tensors = _capture_images(model, plan, start, stop)
         tensors["image_index"] = torch.arange(start, stop, dtype=torch.int64)
-        try:
-            write_shard(shard_dir / shard_name(shard), tensors, metadata={"start": str(start), "stop": str(stop)})
-        except OSError as err:
-            done = sum(_shard_is_whole(shard_dir / shard_name(k), plan.blocks) for k in range(plan.n_shards))
-            raise StoreError(f"cannot write shard {shard} to {shard_dir}: {err.strerror or err}; the store is "
-                             f"consistent ({done} of {plan.n_shards} shards complete): fix the cause and run "
-                             f"the same command again to resume") from None
+        _write_resumable_shard(plan, shard_dir, shard, tensors)
     barrier()
     if rank == 0:
-        missing = [k for k in range(plan.n_shards) if not _shard_is_whole(shard_dir / shard_name(k), plan.blocks)]
-        if missing:
-            raise StoreError(f"{len(missing)} shard(s) missing after collection (first: {missing[0]}); "
-                             f"run the same command again to resume")
         manifest = plan.to_dict()
         manifest["n_images"] = plan.n_images
-        manifest["shards"] = []
-        for k in range(plan.n_shards):
-            entry = {"file": f"{SHARD_DIR}/{shard_name(k)}", "start": plan.shard_range(k)[0],
-                     "stop": plan.shard_range(k)[1]}
-            digests = _shard_digests(shard_dir / shard_name(k))
-            if digests is not None:  # a shard written before checksums were recorded has none
-                entry[CHECKSUM] = digests
-            manifest["shards"].append(entry)
-        try:
-            write_json(out / MANIFEST_FILE, manifest)
-        except OSError as err:
-            raise StoreError(f"every shard is written but the manifest is not: {err.strerror or err}; "
-                             f"run the same command again to finish") from None
+        _write_manifest(out, plan, manifest)
     barrier()
     return out / MANIFEST_FILE
+
+
+def _write_resumable_shard(plan, shard_dir: Path, shard: int, tensors: dict[str, torch.Tensor],
+                           index_key: str = "image_index") -> None:
+    """Write one shard (its [start, stop) in the header); a failed write says how to resume."""
+    start, stop = plan.shard_range(shard)
+    try:
+        write_shard(shard_dir / shard_name(shard), tensors, metadata={"start": str(start), "stop": str(stop)})
+    except OSError as err:
+        done = sum(_shard_is_whole(shard_dir / shard_name(k), plan.blocks, index_key) for k in range(plan.n_shards))
+        raise StoreError(f"cannot write shard {shard} to {shard_dir}: {err.strerror or err}; the store is "
+                         f"consistent ({done} of {plan.n_shards} shards complete): fix the cause and run "
+                         f"the same command again to resume") from None
+
+
+def _write_manifest(out: Path, plan, manifest: dict, index_key: str = "image_index") -> None:
+    """Check that every shard of the plan exists, then write `manifest` with the shard list and digests."""
+    shard_dir = out / SHARD_DIR
+    missing = [k for k in range(plan.n_shards)
+               if not _shard_is_whole(shard_dir / shard_name(k), plan.blocks, index_key)]
+    if missing:
+        raise StoreError(f"{len(missing)} shard(s) missing after collection (first: {missing[0]}); "
+                         f"run the same command again to resume")
+    manifest["shards"] = []
+    for k in range(plan.n_shards):
+        entry = {"file": f"{SHARD_DIR}/{shard_name(k)}", "start": plan.shard_range(k)[0],
+                 "stop": plan.shard_range(k)[1]}
+        digests = _shard_digests(shard_dir / shard_name(k))
+        if digests is not None:  # a shard written before checksums were recorded has none
+            entry[CHECKSUM] = digests
+        manifest["shards"].append(entry)
+    try:
+        write_json(out / MANIFEST_FILE, manifest)
+    except OSError as err:
+        raise StoreError(f"every shard is written but the manifest is not: {err.strerror or err}; "
+                         f"run the same command again to finish") from None
+
+
+# ----------------------------------------------------------------------------- language-model collection
+#
+# An LM store has the same files: plan.json, shards/shard-NNNNNN.safetensors and manifest.json (with
+# every tensor's sha256), but its unit is a token, not an image. Shard k holds the residuals of tokens
+# [k * tokens_per_shard, (k + 1) * tokens_per_shard) of the corpus in reading order:
+#     {hook: (n, d_model) fp16, "token_index": (n,), "sequence": (n,), "position": (n,), "token_id": (n,)}
+# The corpus is cut into sequences of at most `context` tokens, each led by one start token
+# (interp.lm_text); the start token's own position is never stored, nor is padding.
+
+LM_KIND = "lm"
+LM_INDEX = "token_index"
+LM_POSITIONS = ("all", "last")
+
+
+@dataclass
+class LMCollectionPlan:
+    """What an LM residual collection records; a resumed run must have the same plan."""
+
+    model: str
+    blocks: list[str]                    # TransformerLens hook names, blocks.{l}.hook_resid_pre|mid|post
+    text: str                            # the corpus file as given (its content is text_sha256)
+    text_sha256: str
+    tokens_sha256: str                   # of the token sequences collected from: the same tokenizer and cut
+    context: int
+    positions: str = "all"               # all: every token after the start token; last: each sequence's last
+    n_tokens: int = 0
+    n_sequences: int = 0
+    n_documents: int = 0
+    tokens_per_shard: int = 16384
+    batch_size: int = 16
+    start_token: int = 0
+    backend: str = "hf"
+    shapes: dict[str, list[int]] = field(default_factory=dict)  # hook -> [d_model]
+    dtype: str = "float16"
+    kind: str = LM_KIND
+    format: str = FORMAT
+    version: int = VERSION
+
+    RESUME_IGNORES: ClassVar[tuple[str, ...]] = ("shapes", "text")  # the text's content is text_sha256
+
+    @property
+    def n_shards(self) -> int:
+        return -(-self.n_tokens // self.tokens_per_shard)
+
+    def shard_range(self, shard: int) -> tuple[int, int]:
+        start = shard * self.tokens_per_shard
+        return start, min(start + self.tokens_per_shard, self.n_tokens)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def select_positions(sequences: list[list[int]], positions: str = "all") -> list[list[int]]:
+    """Per sequence, the positions whose residuals are collected (never 0, the start token)."""
+    if positions not in LM_POSITIONS:
+        raise StoreError(f"--positions must be one of {', '.join(LM_POSITIONS)}, not {positions!r}")
+    if positions == "all":
+        return [list(range(1, len(s))) for s in sequences]
+    return [[len(s) - 1] if len(s) > 1 else [] for s in sequences]
+
+
+def limit_tokens(selected: list[list[int]], max_tokens: int | None, allow_fewer: bool = False,
+                 source: str = "the corpus") -> tuple[list[list[int]], str | None]:
+    """The first `max_tokens` selected positions in reading order (None: all), and a note when there are
+    fewer; fewer than asked is an error unless `allow_fewer`."""
+    available = sum(map(len, selected))
+    if available == 0:
+        raise StoreError(f"{source} has no tokens to collect (every sequence is only its start token)")
+    if max_tokens is None:
+        return selected, None
+    if max_tokens < 1:
+        raise StoreError(f"--max-tokens must be at least 1, got {max_tokens}")
+    if available < max_tokens:
+        message = f"{source} has {available:,} tokens to collect, fewer than --max-tokens {max_tokens:,}"
+        if not allow_fewer:
+            raise StoreError(f"{message}; give a larger text, lower --max-tokens, or pass --allow-fewer to "
+                             f"collect the {available:,} there are")
+        return selected, f"note: {message}; collecting all {available:,} (--allow-fewer)"
+    out, left = [], max_tokens
+    for chosen in selected:
+        take = chosen[:left]
+        out.append(take)
+        left -= len(take)
+        if left == 0:
+            break
+    return out, None
+
+
+def sequences_digest(sequences: list[list[int]], selected: list[list[int]]) -> str:
+    digest = hashlib.sha256()
+    for seq, chosen in zip(sequences, selected):
+        digest.update(json.dumps([seq[:chosen[-1] + 1] if chosen else [], chosen]).encode())
+    return digest.hexdigest()
+
+
+def _lm_batch(lm, plan: LMCollectionPlan, rows: list[tuple[int, list[int], list[int]]]) -> dict[str, torch.Tensor]:
+    """Residuals of the chosen positions of some sequences: rows of (sequence index, tokens, positions)."""
+    from .hooks.lm import forward_padded, residual_capture
+
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    lengths = [chosen[-1] + 1 for _, _, chosen in rows]  # causal: tokens after the last chosen one change nothing
+    width = max(lengths)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, ((_, tokens, _), n) in enumerate(zip(rows, lengths)):
+        ids[r, :n] = torch.tensor(tokens[:n])
+        mask[r, :n] = 1
+    with residual_capture(lm, plan.blocks) as capture:
+        forward_padded(lm, ids, mask)
+    row_index = torch.tensor([r for r, (_, _, chosen) in enumerate(rows) for _ in chosen], dtype=torch.long)
+    position = torch.tensor([p for _, _, chosen in rows for p in chosen], dtype=torch.long)
+    out = {hook: capture.activations[hook][row_index, position].to(STORE_DTYPE).contiguous() for hook in plan.blocks}
+    out["sequence"] = torch.tensor([i for i, _, chosen in rows for _ in chosen], dtype=torch.long)
+    out["position"] = position
+    out["token_id"] = ids[row_index, position]
+    return out
+
+
+def _lm_shard(lm, plan: LMCollectionPlan, sequences: list[list[int]], selected: list[list[int]],
+              offsets: list[int], shard: int) -> dict[str, torch.Tensor]:
+    import bisect
+
+    start, stop = plan.shard_range(shard)
+    rows = []
+    first = bisect.bisect_right(offsets, start) - 1
+    for i in range(max(first, 0), len(selected)):
+        if offsets[i] >= stop:
+            break
+        chosen = selected[i][max(start - offsets[i], 0):stop - offsets[i]]
+        if chosen:
+            rows.append((i, sequences[i], chosen))
+    parts = [_lm_batch(lm, plan, rows[b:b + plan.batch_size]) for b in range(0, len(rows), plan.batch_size)]
+    tensors = {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+    if len(tensors["position"]) != stop - start:  # the plan's cut and the corpus disagree: a bug, not bad input
+        raise RuntimeError(f"shard {shard}: gathered {len(tensors['position'])} tokens, expected {stop - start}")
+    tensors[LM_INDEX] = torch.arange(start, stop, dtype=torch.int64)
+    return tensors
+
+
+def collect_lm(lm, plan: LMCollectionPlan, sequences: list[list[int]], selected: list[list[int]],
+               out: str | os.PathLike, progress: bool = True) -> Path:
+    """Record the residuals of `selected` positions of `sequences` (see select_positions / limit_tokens)
+    at the plan's hooks into the store `out`; resumes an interrupted run; returns the manifest path."""
+    from tqdm import tqdm
+
+    from .hooks.lm import parse_hook_name
+
+    out = Path(out)
+    if plan.n_tokens != sum(map(len, selected)):
+        raise StoreError(f"the plan says {plan.n_tokens} tokens but {sum(map(len, selected))} are selected")
+    if plan.n_tokens == 0:
+        raise StoreError("no tokens to collect")
+    for hook in plan.blocks:  # fail before any work on an unknown hook
+        parse_hook_name(hook, lm.n_layers)
+    if max(map(len, sequences)) > lm.n_ctx:
+        raise StoreError(f"a sequence has {max(map(len, sequences))} tokens; the model's context is {lm.n_ctx}")
+    plan.shapes = {hook: [lm.d_model] for hook in plan.blocks}
+    _prepare_directory(out, plan)
+    offsets = [0]
+    for chosen in selected:
+        offsets.append(offsets[-1] + len(chosen))
+    shard_dir = out / SHARD_DIR
+    todo = [k for k in range(plan.n_shards) if not _shard_is_whole(shard_dir / shard_name(k), plan.blocks, LM_INDEX)]
+    for shard in tqdm(todo, desc="collect", unit="shard", disable=not progress, initial=plan.n_shards - len(todo),
+                      total=plan.n_shards):
+        tensors = _lm_shard(lm, plan, sequences, selected, offsets, shard)
+        _write_resumable_shard(plan, shard_dir, shard, tensors, LM_INDEX)
+    manifest = plan.to_dict()
+    _write_manifest(out, plan, manifest, LM_INDEX)
+    return out / MANIFEST_FILE
+
+
+def lm_collect_command(args) -> int:
+    """`python -m interp collect --model <LM> --hooks ... --text FILE --out DIR`."""
+    from .lm_text import read_documents, read_text_file, start_token, token_sequences
+    from .models.lm import load_lm
+
+    if args.text is None:
+        raise StoreError(f"{args.model} is a language model: give its corpus with --text FILE (JSONL or plain "
+                         f"text), not --prompts / --world")
+    if not args.blocks:
+        raise StoreError("give the hooks to record: --hooks blocks.L.hook_resid_post [...] "
+                         f"(`python -m interp hooks --model {args.model}` lists them)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    documents = read_documents(args.text)
+    text_sha256 = hashlib.sha256(read_text_file(args.text).encode("utf-8")).hexdigest()
+    lm = load_lm(args.model, backend=args.backend, device=args.device or "cpu")
+    from .hooks.lm import parse_hook_name
+
+    for hook in args.blocks:  # before tokenizing: a wrong name is the commonest mistake
+        parse_hook_name(hook, lm.n_layers)
+    context = min(args.context, lm.n_ctx)
+    sequences = token_sequences(lm.tokenizer, documents, context)
+    selected, note = limit_tokens(select_positions(sequences, args.positions), args.max_tokens, args.allow_fewer,
+                                  source=f"{args.text} ({len(documents):,} documents, {len(sequences):,} sequences of "
+                                         f"at most {context} tokens)")
+    used = sum(1 for chosen in selected if chosen)
+    sequences, selected = sequences[:len(selected)], selected
+    if note:
+        print(note, file=sys.stderr)
+    plan = LMCollectionPlan(model=args.model, blocks=list(dict.fromkeys(args.blocks)), text=str(args.text),
+                            text_sha256=text_sha256, tokens_sha256=sequences_digest(sequences, selected),
+                            context=context, positions=args.positions, n_tokens=sum(map(len, selected)),
+                            n_sequences=used, n_documents=len(documents), tokens_per_shard=args.tokens_per_shard,
+                            batch_size=args.batch_size, start_token=start_token(lm.tokenizer)[0], backend=args.backend)
+    manifest = collect_lm(lm, plan, sequences, selected, args.out)
+    store = ActivationStore(manifest.parent)
+    print(f"wrote {manifest} ({store.n_tokens:,} tokens from {plan.n_sequences:,} sequences, {len(store.shards)} "
+          f"shards; {', '.join(store.blocks)}: d_model {lm.d_model})")
+    return 0
 
 
 # ----------------------------------------------------------------------------- reading
@@ -325,22 +554,42 @@ class ActivationStore:
             raise StoreError(f"{manifest_file} is not an {FORMAT} manifest")
         self.blocks: list[str] = list(self.manifest["blocks"])
         self.shards: list[dict] = self.manifest["shards"]
+        self.kind: str = self.manifest.get("kind", "diffusion")  # "lm": tokens (LMCollectionPlan), else images
         self._checked: set[tuple[str, str]] = set()  # (shard file, block) read and found intact
 
     def __len__(self) -> int:
-        return int(self.manifest["n_images"])
+        """Images (a diffusion store) or tokens (an LM store)."""
+        return int(self.manifest["n_tokens" if self.kind == LM_KIND else "n_images"])
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens of an LM store (each one vector per hook)."""
+        self._require_lm("n_tokens")
+        return int(self.manifest["n_tokens"])
+
+    def _require_lm(self, what: str) -> None:
+        if self.kind != LM_KIND:
+            raise StoreError(f"{what}: the store at {self.path} holds images, not language-model tokens")
 
     @property
     def prompts(self) -> list[str]:
+        if self.kind == LM_KIND:
+            raise StoreError(f"the store at {self.path} holds language-model tokens of {self.manifest['text']}, "
+                             f"not prompts of images")
         return list(self.manifest["prompts"])
 
     def prompt(self, index: int) -> str:
         return self.manifest["prompts"][index]
 
     def channels(self, block: str) -> int:
+        if self.kind == LM_KIND:
+            return int(self._shape(block)[-1])
         return int(self._shape(block)[1])
 
     def n_vectors(self, block: str) -> int:
+        if self.kind == LM_KIND:
+            self._shape(block)
+            return self.n_tokens
         steps, _, h, w = self._shape(block)
         return len(self) * steps * h * w
 
@@ -377,6 +626,9 @@ class ActivationStore:
         """(steps, channels, height, width) float32: the block's update at each step of image `index`.
         The first image of a shard reads (and checks) the block's whole tensor of that shard."""
         self._shape(block)
+        if self.kind == LM_KIND:
+            raise StoreError(f"the store at {self.path} holds language-model tokens, not images: read it with "
+                             f".batches(block, batch_size) or .token_table()")
         if not 0 <= index < len(self):
             raise IndexError(f"image {index} out of range: the store has {len(self)} images")
         shard = self.shards[index // self.manifest["images_per_shard"]]
@@ -391,7 +643,20 @@ class ActivationStore:
     def _shard_vectors(self, shard: dict, block: str) -> torch.Tensor:
         """(n * steps * H * W, C) float32: every position of every step of the shard's images."""
         x = self._read(shard, block)
+        if self.kind == LM_KIND:  # (tokens, d_model)
+            return x.float()
         return x.permute(0, 1, 3, 4, 2).reshape(-1, x.shape[2]).float()
+
+    def token_table(self) -> dict[str, torch.Tensor]:
+        """An LM store's token bookkeeping in store order: {"token_index", "sequence", "position", "token_id"},
+        each (n_tokens,) int64 (sequence: index into the corpus' cut sequences; position: within it)."""
+        self._require_lm("token_table")
+        keys = (LM_INDEX, "sequence", "position", "token_id")
+        parts = {key: [] for key in keys}
+        for shard in self.shards:
+            for key in keys:
+                parts[key].append(self._read(shard, key))
+        return {key: torch.cat(values) for key, values in parts.items()}
 
     def batches(self, block: str, batch_size: int, shuffle: bool = True, seed: int = 0,
                 buffer_vectors: int = 1 << 18, drop_last: bool = False) -> Iterator[torch.Tensor]:
@@ -483,12 +748,16 @@ def stream_vectors(model, block: str, prompts: Iterable[str], batch_size: int, s
 # ----------------------------------------------------------------------------- CLI
 
 def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="toy", help="toy (embedded), sdxl-turbo, sdxl-base, hub id or directory")
-    parser.add_argument("--blocks", nargs="+", default=None,
+    parser.add_argument("--model", default="toy", help="toy (embedded), sdxl-turbo, sdxl-base, hub id or directory; "
+                                                       "or a language model: toy-chat, smollm2-135m-instruct, ...")
+    parser.add_argument("--blocks", "--hooks", nargs="+", default=None, dest="blocks",
                         help="block names (default: the model's analysed blocks: SDXL's four, those of them a "
-                             "smaller U-Net has, and for the toy model also the two where it draws shape and colour)")
+                             "smaller U-Net has, and for the toy model also the two where it draws shape and colour); "
+                             "for a language model its TransformerLens hook names, blocks.L.hook_resid_pre|mid|post")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompts", help="a text file, one prompt per line")
+    source.add_argument("--text", help="language models: the corpus, JSONL (Dolly's instruction/context/response, "
+                                       "\"text\", or \"prompt\" + \"completion\") or plain text (a document a line)")
     source.add_argument("--world", type=at_least(1, MAX_WORLD_IMAGES), metavar="N",
                         help=f"N random captions of the shapes world (at most {MAX_WORLD_IMAGES:,})")
     parser.add_argument("--world-seed", type=int, default=0, help="seed of the --world captions")
@@ -499,7 +768,21 @@ def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--half", choices=("cond", "uncond"), default="cond",
                         help="which half of a CFG batch to store (without CFG the batch is the cond half)")
     parser.add_argument("--images-per-shard", type=at_least(1), default=16)
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available; "
+                                                       "language models: cpu)")
+    lm = parser.add_argument_group("language models (--text)")
+    lm.add_argument("--max-tokens", type=at_least(1), default=None, help="collect the corpus' first N tokens "
+                    "(default: all); a corpus with fewer is an error unless --allow-fewer")
+    lm.add_argument("--allow-fewer", action="store_true", help="with --max-tokens: collect what the corpus has")
+    lm.add_argument("--positions", choices=LM_POSITIONS, default="all",
+                    help="all: every token but the start token; last: the last token of each sequence")
+    lm.add_argument("--context", type=at_least(2), default=128,
+                    help="tokens per sequence, the start token included (capped at the model's context); "
+                         "longer documents are cut into several sequences")
+    lm.add_argument("--tokens-per-shard", type=at_least(1), default=16384)
+    lm.add_argument("--batch-size", type=at_least(1), default=16, help="sequences per forward pass")
+    lm.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf")
+    lm.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: torch's)")
     parser.add_argument("--out", required=True, help="store directory (created; resumed if it holds this plan)")
 
 
@@ -508,6 +791,13 @@ def collect_command(args) -> int:
 
     from .models import load_t2i
 
+    from .lm_text import is_language_model
+
+    if is_language_model(args.model):
+        return lm_collect_command(args)
+    if args.text is not None:
+        raise StoreError(f"--text is for language models; {args.model} is a text-to-image model: give --prompts "
+                         f"or --world")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     prompts = read_prompts(args.prompts) if args.prompts else world_prompts(args.world, args.world_seed,

@@ -3,7 +3,9 @@
     python -m saes train --store runs/store --block unet.mid_block.attentions.0 --out runs/sae/mid
     python -m saes eval --sae runs/sae/mid --store runs/store --block unet.mid_block.attentions.0
     python -m saes eval --sae runs/sae/mid --world 64 --model toy          (+ splice-in fidelity)
+    python -m saes eval --sae runs/sae/l2 --model toy-chat --text heldout.jsonl --tokens 20000   (LM: CE, KL)
     python -m saes features --model toy --sae saes/pretrained/toy --world 400 --out runs/features
+    python -m saes features --sae runs/lm-sae/blocks.2.hook_resid_post --model toy-chat --text corpus.jsonl  (LM)
     python -m saes report --model toy --root saes/pretrained/toy --features-summary runs/features/features_summary.json
     python -m saes import-sdxl --checkpoint down.2.1_k10_hidden5120_auxk256_bs4096_lr0.0001/final --out runs/sae/down21
     torchrun --nproc-per-node 2 -m saes train ...      (data-parallel; each rank reads its own share)
@@ -42,6 +44,17 @@ def _channels(store, block: str) -> int:
     return int(first.shape[1])
 
 
+def _store_metadata(store, block: str, path: str) -> dict:
+    """The SAE's metadata: its hook; for a language-model store also sae-lens' model_name, context_size,
+    prepend_bos and dataset_path, so that sae-lens and TransformerLens users can attach it."""
+    metadata = {"hook_name": block, "store": str(path)}
+    if getattr(store, "kind", None) == "lm":
+        manifest = store.manifest
+        metadata.update(model_name=manifest["model"], context_size=int(manifest["context"]), prepend_bos=True,
+                        dataset_path=manifest["text"])
+    return metadata
+
+
 def _parse_options(pairs: list[str]) -> dict:
     options = {}
     for pair in pairs:
@@ -71,7 +84,7 @@ def _train(args) -> int:
                          batch_size=args.batch_size, lr=args.lr, total_tokens=args.tokens,
                          dead_after_tokens=args.dead_after_tokens, options=_parse_options(args.option),
                          log_every_steps=args.log_every, checkpoint_every_steps=args.checkpoint_every,
-                         seed=args.seed, metadata={"hook_name": block, "store": str(args.store)}).validate()
+                         seed=args.seed, metadata=_store_metadata(store, block, args.store)).validate()
 
     def stream():
         """Epochs of shuffled batches, for as long as training asks; rank r takes every world-th batch.
@@ -103,6 +116,10 @@ def _eval(args) -> int:
     from .sae import SAE
     from .strict_json import write_json
 
+    from .lm_eval import lm_eval_command, wants_lm_eval
+
+    if wants_lm_eval(args):  # a language model's SAE: splice loss on --text, EV on an LM store
+        return lm_eval_command(args)
     sae = SAE.load(args.sae)
     block = args.block or sae.cfg.metadata.get("hook_name")
     if not block:
@@ -189,8 +206,13 @@ def _sae_dirs(paths: list[str]) -> list[Path]:
 def _features(args) -> int:
     from .features import (ANALYSE_ELSEWHERE, AnalysisConfig, analyse, default_pool_dir, generate_pool,
                            refuse_shipped, store_pool)
+    from .lm_features import lm_features_command, reads_lm_hook
     from .sae import SAE
 
+    if args.text is not None or reads_lm_hook(args.sae):  # SAEs on an LM's residual stream: cards over text
+        return lm_features_command(args)
+    if args.out is None:
+        raise ValueError("give --out DIR, where features.html and features_summary.json go")
     if (args.store is None) == (args.world is None):
         raise ValueError("give exactly one source of analysis images: --store DIR or --world N")
     if args.world is not None and args.world < 1 or args.images < 1:
@@ -338,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--tokens", type=at_least(1), default=None, help="evaluate on at most this many vectors")
     ev.add_argument("--batch-size", type=at_least(1), default=4096)
     ev.add_argument("--threads", type=at_least(1), default=1)
+    ev.add_argument("--text", default=None, help="language models (with --model toy-chat, ...): held-out text "
+                                                 "(JSONL or plain) for CE loss clean / SAE spliced / zero-ablated, "
+                                                 "loss recovered and KL; --tokens caps the scored tokens")
+    ev.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
+    ev.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
     ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json; .md beside it)")
     ev.set_defaults(run=_eval)
 
@@ -361,7 +388,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="rewrite files shipped with the repository (saes/pretrained/...) and replace an image pool "
                          "that other blocks' cards point into; without it either is an error")
     fe.add_argument("--threads", type=at_least(1), default=1)
-    fe.add_argument("--out", required=True, help="directory for features.html and features_summary.json")
+    fe.add_argument("--out", default=None, help="directory for features.html and features_summary.json (LM "
+                                                "SAEs: for features.json and features.html; default: the SAE's)")
+    fe.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
+                                                 "with Dolly's or text fields, or plain text lines)")
+    fe.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
     fe.set_defaults(run=_features)
 
     re_ = commands.add_parser("report", help="evaluation report of a model's SAEs: EV, L0, dead, splice fidelity, "

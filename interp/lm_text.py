@@ -1,0 +1,133 @@
+"""Text corpora for language-model residual collection and evaluation: files -> documents -> token sequences.
+
+    documents = read_documents("dolly.jsonl")            # one string per document
+    sequences = token_sequences(tokenizer, documents, context=128)
+    # each sequence: [BOS] + up to context - 1 tokens of one document; long documents give several
+
+A file is JSONL when its name ends in .jsonl / .json or its first non-empty line starts with ``{``;
+each record gives one document from the first of its field sets that it has: Dolly's
+``instruction`` / ``context`` / ``response`` (the non-empty ones, joined by a blank line),
+``text``, or ``prompt`` + ``completion``. Anything else is plain text, one document per non-empty line.
+
+Every sequence begins with one start token: the tokenizer's own (a tokenizer that adds a BOS,
+like the embedded ``toy-chat``), else its ``bos_token``, else its ``eos_token`` (as GPT-2 separates
+documents). Residuals at that first position are an attention sink, far from every other
+position's; collection and the splice metrics leave it out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+DOLLY_FIELDS = ("instruction", "context", "response")
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+class TextError(ValueError):
+    """A text file that cannot be read as documents; the message names the file and what is wrong."""
+
+
+def read_text_file(path: str | os.PathLike) -> str:
+    """The file's text; a clear error for a missing, binary or non-UTF-8 file."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise TextError(f"{path} is a directory, not a text file") from None
+    except OSError as err:
+        raise TextError(f"cannot read {path}: {err.strerror or err}") from None
+    if b"\x00" in data[:1 << 20]:
+        raise TextError(f"{path} is a binary file (it holds NUL bytes), not UTF-8 text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise TextError(f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
+                        f"convert it, e.g. iconv -t utf-8") from None
+
+
+def _is_jsonl(path: Path, lines: list[str]) -> bool:
+    if path.suffix.lower() in JSONL_SUFFIXES:
+        return True
+    first = next((line for line in lines if line.strip()), "")
+    return first.lstrip().startswith("{")
+
+
+def _document(record, path: Path, line_no: int) -> str:
+    if not isinstance(record, dict):
+        raise TextError(f"{path} line {line_no}: expected a JSON object, got {type(record).__name__}")
+    if any(k in record for k in DOLLY_FIELDS):
+        parts = [record.get(k) for k in DOLLY_FIELDS]
+    elif "text" in record:
+        parts = [record["text"]]
+    elif "prompt" in record or "completion" in record:
+        parts = [record.get("prompt"), record.get("completion")]
+    else:
+        raise TextError(f"{path} line {line_no}: a record needs Dolly's instruction/context/response, \"text\", or "
+                        f"\"prompt\" + \"completion\"; it has {', '.join(sorted(map(str, record))) or 'no fields'}")
+    bad = [p for p in parts if p is not None and not isinstance(p, str)]
+    if bad:
+        raise TextError(f"{path} line {line_no}: text fields must be strings, got {type(bad[0]).__name__}")
+    return "\n\n".join(p.strip() for p in parts if p and p.strip())
+
+
+def read_documents(path: str | os.PathLike) -> list[str]:
+    """The file's documents (see the module doc); an error for a file that holds none."""
+    path = Path(path)
+    lines = read_text_file(path).splitlines()
+    if _is_jsonl(path, lines):
+        documents = []
+        for line_no, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise TextError(f"{path} line {line_no} is not JSON ({err.msg}); a JSONL file holds one JSON "
+                                f"object per line") from None
+            documents.append(_document(record, path, line_no))
+    else:
+        documents = [line.strip() for line in lines]
+    documents = [d for d in documents if d]
+    if not documents:
+        raise TextError(f"{path} holds no text (no non-empty document)")
+    return documents
+
+
+def start_token(tokenizer) -> tuple[int, bool]:
+    """(the start token's id, whether the tokenizer adds it itself)."""
+    probe = tokenizer("a")["input_ids"]
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    if len(probe) > len(plain) and probe[0] in tokenizer.all_special_ids:
+        return int(probe[0]), True
+    for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return int(token_id), False
+    raise TextError("the tokenizer has no BOS or EOS token to start a sequence with")
+
+
+def token_sequences(tokenizer, documents: list[str], context: int) -> list[list[int]]:
+    """Each document's tokens cut into sequences of at most ``context`` tokens, each led by the start token.
+    Documents with no tokens are skipped."""
+    if context < 2:
+        raise TextError(f"the context must hold at least 2 tokens (the start token and one more), got {context}")
+    start, _ = start_token(tokenizer)
+    encoded = tokenizer(documents, add_special_tokens=False)["input_ids"]
+    body = context - 1
+    return [[start] + ids[i:i + body] for ids in encoded for i in range(0, len(ids), body)]
+
+
+def is_language_model(name: str) -> bool:
+    """Whether a model name (or directory) is a causal LM rather than a text-to-image pipeline: an embedded
+    chat model, a registry model, or a directory with config.json and no diffusers model_index.json."""
+    from .models.lm import EMBEDDED_PREFIX
+    from .zoo import fetch
+
+    if name == EMBEDDED_PREFIX or name.startswith(EMBEDDED_PREFIX + "-") or name in fetch.REGISTRY_MODELS:
+        return True
+    path = Path(name).expanduser()
+    return path.is_dir() and (path / "config.json").is_file() and not (path / "model_index.json").is_file()
+
+
+__all__ = ["TextError", "is_language_model", "read_documents", "read_text_file", "start_token", "token_sequences"]
