@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import logging
 import os
 import queue
 import re
@@ -28,8 +29,11 @@ from interp.hooks.diffusion import Cancelled, on_each_step
 from interp.models import ModelError, load_t2i
 
 DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped star in the center on a white background"
-# ModelError, EditError, LibraryError... are ValueErrors; Cancelled is the user's own stop, reported as such.
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, Cancelled)
+# ModelError, EditError, LibraryError... are ValueErrors; Cancelled is the user's own stop, reported as such;
+# FloatingPointError is a diverged loss (too high a learning rate), as in the CLIs' error map.
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FloatingPointError, Cancelled)
+LOG = logging.getLogger("workbench")
+MAX_PROMPT_CHARS = 2000          # a prompt longer than this is refused with the limit (never cut)
 
 
 UPLOAD_LIMIT_BYTES = 2_000_000   # per uploaded data file (launch's max_file_size is the hard cap)
@@ -45,6 +49,7 @@ WORLD_PROMPT_SETS = {            # FlowLens prompt sets from the chat world: nam
 UPLOADED = "uploaded file"
 RESIDUAL_CHUNK = 16              # FlowLens prompts per forward pass between checks for Cancel
 STREAM_INTERVAL_S = 0.3          # streamed status updates at most this often
+POLL_S = 0.1                     # a streaming run looks for results and for Cancel this often
 IMAGE_KEEP_S = 300               # a served image file is kept this long for Gradio to copy
 NO_SAES_NOTE = ("\n\n**No SAEs are available for {model} yet**: features need them (train and ship them with "
                 "`python -m saes train`; the embedded toy model's go in `saes/pretrained/toy/`).")
@@ -58,37 +63,139 @@ CSS = """
 """
 
 
-def _message(err: BaseException) -> gr.Error:
+# Folders whose paths a message must not show (Gradio's uploads, the temp folder, each Workbench's data
+# folder): a path inside one is shown by its file name only, which for an upload is the name the user gave it.
+PRIVATE_ROOTS: set[str] = {str(Path(tempfile.gettempdir()).resolve()), tempfile.gettempdir()}
+
+
+def private_roots() -> list[str]:
+    roots = set(PRIVATE_ROOTS)
+    for root in (os.environ.get("GRADIO_TEMP_DIR"), getattr(gr.utils, "get_upload_folder", lambda: None)()):
+        if root:
+            roots.update({str(root), str(Path(root).resolve())})
+    return sorted(roots, key=len, reverse=True)
+
+
+def without_paths(text: str) -> str:
+    """The message with every path under a private root replaced by the file's name."""
+    for root in private_roots():
+        text = re.sub(re.escape(root.rstrip("/")) + r"/[^\s:'\"(),]*",
+                      lambda match: Path(match.group(0)).name, text)
+    return text
+
+
+def error_text(err: BaseException) -> str:
     # a KeyError's str() is its repr, in quotes: show the message itself
-    return gr.Error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    if isinstance(err, UnicodeDecodeError):  # a reader met binary data: which file it was is the useful part
+        text = "the file is not a UTF-8 text file"
+    return without_paths(text)
+
+
+def quiet_error(text: str, where: str = "") -> gr.Error:
+    """A message for the user: logged as one line, never as a traceback (Gradio prints one unless told not to)."""
+    LOG.warning("user error%s: %s", f" in {where}" if where else "", text)
+    return gr.Error(text, print_exception=False)
+
+
+def _message(err: BaseException, where: str = "") -> gr.Error:
+    return quiet_error(error_text(err), where)
 
 
 def user_errors(fn):
-    """Show bad input as a message in the UI (never a stack trace); the app stays usable.
-    Works for plain functions and for generators (streaming updates)."""
+    """Show bad input as a message in the UI (never a stack trace); the app stays usable and the server log
+    gets one line. Works for plain functions and for generators (streaming updates)."""
 
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def streaming(*args, **kwargs):
             try:
                 yield from fn(*args, **kwargs)
-            except gr.Error:
-                raise
+            except gr.Error as err:
+                raise quiet_error(err.message, fn.__name__) from None
             except USER_ERRORS as err:
-                raise _message(err) from None
+                raise _message(err, fn.__name__) from None
 
+        streaming.user_errors = True
         return streaming
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except gr.Error:
-            raise
+        except gr.Error as err:
+            raise quiet_error(err.message, fn.__name__) from None
         except USER_ERRORS as err:
-            raise _message(err) from None
+            raise _message(err, fn.__name__) from None
 
+    wrapper.user_errors = True
     return wrapper
+
+
+def status_on_failure(n_outputs: int):
+    """For a streaming run whose first output is its status line: when the run fails, the status says so
+    (with the message) before the error is raised, so no earlier "Running…" or "Finished" stays shown."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def streaming(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except GeneratorExit:
+                raise
+            except BaseException as err:
+                known = isinstance(err, USER_ERRORS + (gr.Error,))
+                text = (err.message if isinstance(err, gr.Error) else error_text(err)) if known else \
+                    f"an internal error ({type(err).__name__}); the server log has the details"
+                yield (f"**Failed**: {text}", *[gr.update()] * (n_outputs - 1))
+                raise
+        return streaming
+    return decorate
+
+
+def check_prompt(prompt) -> str:
+    """A prompt as typed, refused (never cut) above MAX_PROMPT_CHARS characters."""
+    prompt = "" if prompt is None else str(prompt)
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the prompt is {len(prompt)} characters long; the limit is {MAX_PROMPT_CHARS} "
+                         "(shorten it: nothing was cut)")
+    return prompt
+
+
+def percent(fraction: float) -> str:
+    """A frequency as the UI shows it everywhere: a percentage with a % sign."""
+    return f"{100 * fraction:.3g}%"
+
+
+def _checked_bounds(component, payload):
+    """Gradio's own range check of a Number or Slider, with the field's name and one log line."""
+    if payload is None:
+        return
+    name = component.label or "the value"
+    if component.minimum is not None and payload < component.minimum:
+        raise quiet_error(f"{name}: value {payload:g} is less than minimum value {component.minimum:g}", name)
+    if component.maximum is not None and payload > component.maximum:
+        raise quiet_error(f"{name}: value {payload:g} is greater than maximum value {component.maximum:g}", name)
+
+
+class Number(gr.Number):
+    """gr.Number whose out-of-range values are a named message without a server traceback. The app's integer
+    fields keep precision None: Gradio's precision=0 rounds 2.5 to 2 silently; the handlers refuse it."""
+
+    is_template = True  # served as Gradio's own number component
+
+    def preprocess(self, payload):
+        _checked_bounds(self, payload)
+        return super().preprocess(payload)
+
+
+class Slider(gr.Slider):
+    """gr.Slider with the same named, quiet range check."""
+
+    is_template = True
+
+    def preprocess(self, payload):
+        _checked_bounds(self, payload)
+        return super().preprocess(payload)
 
 
 def session_key(request: gr.Request | None) -> str:
@@ -157,6 +264,7 @@ class Workbench:
         self._lock = threading.Lock()
         # Everything the app writes lives here, one folder per browser session (removed when it ends).
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.gettempdir()) / "interp-workbench"
+        PRIVATE_ROOTS.update({str(self.data_dir), str(self.data_dir.resolve())})  # messages name files only
         self._cancels: dict[tuple[str, str], threading.Event] = {}
         self._lms: dict[str, object] = {}
         self._saes: dict[tuple[str, ...], dict] = {}
@@ -201,6 +309,12 @@ class Workbench:
         self._cancels[(session_key(request), action)] = event
         return event
 
+    def end_action(self, request: gr.Request | None, action: str, event: threading.Event) -> None:
+        """The action has stopped: a later Cancel click has nothing to stop (and must not say it did)."""
+        key = (session_key(request), action)
+        if self._cancels.get(key) is event:
+            del self._cancels[key]
+
     @contextmanager
     def interruptible(self, request: gr.Request | None, action: str, progress=None):
         """Every generation inside is one cancellable action of the session: its Cancel button stops it
@@ -213,8 +327,11 @@ class Workbench:
             if progress is not None:
                 progress((done, total), desc=action, unit="step")
 
-        with on_each_step(each_step):
-            yield
+        try:
+            with on_each_step(each_step):
+                yield
+        finally:
+            self.end_action(request, action, event)
 
     def image_file(self, request: gr.Request | None, image, slot: str) -> str:
         """The image as a PNG in the session's folder, under a name of its own for every call: two requests
@@ -242,13 +359,15 @@ class Workbench:
         return str(path)
 
     def cancel(self, action: str, message: str | None = None):
-        """The Cancel button's handler for one action of the clicking session; returns `message` when given
-        (for a run whose stream the button also closes; a run that reports its own stop needs none)."""
+        """The Cancel button's handler for one action of the clicking session. It returns `message` (for a
+        generation whose stream the button also closes) only when that action was running: a click after
+        the end changes nothing (gr.update()). A run that reports its own stop (RIEBench, VCL) needs none."""
         def cancel_action(request: gr.Request):
             event = self._cancels.get((session_key(request), action))
+            running = event is not None and not event.is_set()
             if event is not None:
                 event.set()
-            return message
+            return (message if running else gr.update()) if message is not None else None
         return cancel_action
 
     def checked_upload(self, path, suffixes: tuple[str, ...]) -> Path:
@@ -269,6 +388,11 @@ class Workbench:
             raise ValueError(f"{path.name} is {size / 1e6:.1f} MB; the limit is {UPLOAD_LIMIT_BYTES / 1e6:.0f} MB")
         if size == 0:
             raise ValueError(f"{path.name} is empty")
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path.name} is not a UTF-8 text file (this field takes "
+                             f"{' or '.join(suffixes)} text)") from None
         return path
 
     def require_library(self):
@@ -283,10 +407,17 @@ class Workbench:
             raise ValueError("the seed must be a whole number, 0 or more")
         return int(seed)
 
+    def _request(self, prompt, steps, seed) -> tuple[str, int, int]:
+        """A generation request's prompt, steps and seed, checked: a prompt above the limit and a fractional
+        number of steps are refused (never cut or rounded)."""
+        from interp.models.t2i import MAX_STEPS
+
+        return check_prompt(prompt), whole_number(steps, "steps", 1, MAX_STEPS), self._check_seed(seed)
+
     @user_errors
     def generate(self, prompt: str, steps: float, seed: float, request: gr.Request = None,
                  progress=gr.Progress()):
-        steps, seed = int(steps or 0), self._check_seed(seed)
+        prompt, steps, seed = self._request(prompt, steps, seed)
         with self.interruptible(request, "generate", progress):
             image = self.t2i.generate(prompt, steps=steps, seed=seed)[0]
         return self.image_file(request, image, "image"), f"{self.model_name}, {steps} step(s), seed {seed}"
@@ -295,7 +426,7 @@ class Workbench:
     def explore(self, prompt: str, steps: float, seed: float, request: gr.Request = None,
                 progress=gr.Progress()):
         """Generate, then name the top SAE features of each block with their heatmaps."""
-        steps, seed = int(steps or 0), self._check_seed(seed)
+        prompt, steps, seed = self._request(prompt, steps, seed)
         info = f"{self.model_name}, {steps} step(s), seed {seed}"
         with self.interruptible(request, "generate", progress):
             if self.library is None:
@@ -331,11 +462,28 @@ class Workbench:
         text = (f"**{block} feature {feature_id}**: {card.get('label') or 'unlabelled'}"
                 + (f" (AUROC {card['auroc']:.2f})" if card.get("auroc") else "")
                 + f"; activation here: max {feature['max']:.2f}, total {feature['total']:.1f}"
-                + (f"; fires on {100 * card['frequency']:.2f}% of positions" if card.get("frequency") is not None else "")
+                + (f"; fires on {percent(card['frequency'])} of positions" if card.get("frequency") is not None else "")
                 + ". Open it in the Features tab for its top images.")
         return self.image_file(request, heatmap_overlay(state["image"], feature["heatmap"]), "heatmap"), text
 
     # ----- paint --------------------------------------------------------------------------------
+    def feature_id(self, block: str, feature) -> int:
+        """A feature id of the block, refused with its range when it is not one (256, -1, 1e30, 2.5, NaN)."""
+        library = self.require_library()
+        if block not in library.blocks:
+            raise ValueError(f"choose a block: one of {', '.join(library.blocks)}")
+        if feature is None or feature == "":
+            raise ValueError("choose a feature by its id")
+        n = library.n_features(block)
+        try:
+            number = float(feature)
+        except (TypeError, ValueError):
+            raise ValueError(f"the feature id must be a whole number from 0 to {n - 1}, not {feature!r}") from None
+        if not number.is_integer() or not 0 <= number < n:
+            raise ValueError(f"the feature id must be a whole number from 0 to {n - 1} ({block} has {n} "
+                             f"features), not {number:g}")
+        return int(number)
+
     def feature_from(self, block: str, feature, search: str) -> int:
         library = self.require_library()
         if search and search.strip():
@@ -345,14 +493,33 @@ class Workbench:
             return hits[0]
         if feature is None or feature == "":
             raise ValueError("choose a feature by its id or search for a label")
-        return library.check_feature(block, float(feature))
+        return self.feature_id(block, feature)
+
+    def default_paint_feature(self, block: str | None) -> int:
+        """The feature the Paint tab starts with: the block's best colour-labelled feature (it visibly changes
+        what it is painted on), else its best labelled one, else the one firing most; 0 without cards."""
+        library = self.library
+        cards = library.cards(block) if library is not None and block in library.blocks else []
+        for keep in (lambda c: (c.get("label") or "").startswith("colour="), lambda c: bool(c.get("label"))):
+            chosen = [c for c in cards if keep(c)]
+            if chosen:
+                return max(chosen, key=lambda c: c.get("auroc") or 0)["id"]
+        return max(cards, key=lambda c: c.get("frequency") or 0)["id"] if cards else 0
+
+    def _feature_name(self, block: str, feature: int) -> str:
+        label = (self.library.card(block, feature) or {}).get("label") if self.library is not None else None
+        return f"{block} feature {feature} ({label or 'unlabelled'})"
 
     @user_errors
     def paint(self, prompt: str, steps: float, seed: float, block: str, feature, search: str, strength: float,
               act_steps: str, region, request: gr.Request = None, progress=gr.Progress()):
-        steps, seed = int(steps or 0), self._check_seed(seed)
+        prompt, steps, seed = self._request(prompt, steps, seed)
         self.t2i.check_request(steps)
         feature = self.feature_from(block, feature, search)
+        strength = finite_number(strength, "strength")
+        if self._strokes_without_image(region):
+            raise ValueError("click \"Load image to paint on\" first: the strokes need the image under them "
+                             "(or paint nothing to apply the feature everywhere)")
         mask = self._painted_mask(region)
         with self.interruptible(request, "paint", progress):
             result = self.require_library().paint(self.t2i, prompt, seed, block, feature, float(strength), mask=mask,
@@ -361,7 +528,7 @@ class Workbench:
         images = {"original": result.original, "edited": result.edited, "difference": result.difference,
                   "region": self._region_image(mask, result.original)}
         return (*[self.image_file(request, image, f"paint-{slot}") for slot, image in images.items()],
-                f"{block} feature {feature} at {strength:+g} x its mean activation, {where}, "
+                f"{self._feature_name(block, feature)} at {strength:+g} x its mean activation, {where}, "
                 f"steps {act_steps or 'all'}")
 
     def paint_benchmark_request(self) -> list:
@@ -378,6 +545,13 @@ class Workbench:
             return np.full((height, width), 255, np.uint8)
         painted = Image.fromarray(np.asarray(mask, np.uint8) * 255)
         return np.asarray(painted.resize((width, height), Image.BOX))
+
+    @staticmethod
+    def _strokes_without_image(region) -> bool:
+        """Strokes painted on the editor before an image was loaded into it (they would be read at the
+        empty canvas's size, not the image's)."""
+        return isinstance(region, dict) and region.get("background") is None and \
+            Workbench._painted_mask(region) is not None
 
     @staticmethod
     def _painted_mask(region) -> np.ndarray | None:
@@ -400,19 +574,32 @@ class Workbench:
     def paint_canvas(self, prompt: str, steps: float, seed: float, request: gr.Request = None,
                      progress=gr.Progress()):
         """The image to paint on: the prompt's generation."""
-        steps, seed = int(steps or 0), self._check_seed(seed)
+        prompt, steps, seed = self._request(prompt, steps, seed)
         with self.interruptible(request, "paint", progress):
             image = self.t2i.generate(prompt, steps=steps, seed=seed)[0]
         big = image.resize((image.width * 4, image.height * 4), 0)
         return {"background": big, "layers": [], "composite": big}
 
     @user_errors
+    def paint_canvas_if_empty(self, prompt: str, steps: float, seed: float, region, request: gr.Request = None,
+                              progress=gr.Progress()):
+        """The Paint tab opened: the image to paint on, unless one is loaded already (strokes kept)."""
+        if isinstance(region, dict) and region.get("background") is not None:
+            return gr.update()
+        return self.paint_canvas(prompt, steps, seed, request, progress)
+
+    @user_errors
     def feature_icon(self, block: str, feature, search: str, strength: float, request: gr.Request = None,
                      progress=gr.Progress()):
         feature = self.feature_from(block, feature, search)
+        strength = finite_number(strength, "strength")
+        used = max(1.0, abs(strength))  # an icon draws the feature added, at least at its mean activation
         with self.interruptible(request, "paint", progress):
-            icon = self.require_library().feature_icon(self.t2i, block, feature, strength=max(1.0, abs(strength)))
-        return self.image_file(request, icon, "paint-icon"), f"{block} feature {feature} alone, on an empty prompt"
+            icon = self.require_library().feature_icon(self.t2i, block, feature, strength=used)
+        note = "" if used == strength else f" (an icon adds the feature: strength {strength:g} is drawn as {used:g})"
+        return (self.image_file(request, icon, "paint-icon"),
+                f"{self._feature_name(block, feature)} alone at {used:g} x its mean activation, on an empty "
+                f"prompt{note}")
 
     # ----- features -----------------------------------------------------------------------------
     @user_errors
@@ -426,7 +613,7 @@ class Workbench:
             cards = [c for c in cards if c["id"] in ids]
         key = {"frequency": lambda c: -(c.get("frequency") or 0), "AUROC": lambda c: -(c.get("auroc") or 0),
                "mean activation": lambda c: -(c.get("mean_activation") or 0), "id": lambda c: c["id"]}[sort_by]
-        rows = [[c["id"], c.get("label") or "", round(c.get("auroc") or 0, 3), round(c.get("frequency") or 0, 5),
+        rows = [[c["id"], c.get("label") or "", round(c.get("auroc") or 0, 3), percent(c.get("frequency") or 0),
                  round(c.get("mean_activation") or 0, 3)] for c in sorted(cards, key=key)]
         return rows, f"{len(rows)} feature(s) of {block}"
 
@@ -435,7 +622,7 @@ class Workbench:
         from saes.library import heatmap_overlay
 
         library = self.require_library()
-        feature = library.check_feature(block, float(feature) if feature not in (None, "") else None)
+        feature = self.feature_id(block, feature)
         card = library.card(block, feature)
         pool = self.analysis_images
         gallery = []
@@ -447,7 +634,7 @@ class Workbench:
                             f"{prompts[top['index']]} (max {top['activation']:.2f})"))
         text = (f"### {block} feature {feature}\n**Label:** {card.get('label') or 'unlabelled'}"
                 + (f" (AUROC {card['auroc']:.3f})" if card.get("auroc") else "")
-                + (f"\n\n**Fires on** {100 * card['frequency']:.3f}% of positions; **mean activation when firing** "
+                + (f"\n\n**Fires on** {percent(card['frequency'])} of positions; **mean activation when firing** "
                    f"{card['mean_activation']:.3f}" if card.get("frequency") is not None else ""))
         if card.get("firing_by_value"):
             shares = sorted(card["firing_by_value"].items(), key=lambda kv: -kv[1])
@@ -455,10 +642,17 @@ class Workbench:
                      + ", ".join(f"{value} {100 * share:.0f}%" for value, share in shares))
         return text, gallery
 
+    @user_errors
     def select_row(self, block: str, evt: gr.SelectData):
         row = evt.row_value if hasattr(evt, "row_value") and evt.row_value else None
         feature = row[0] if row else evt.value
         return (feature, *self.feature_card(block, feature))
+
+    @user_errors
+    def feature_block(self, block: str, sort_by: str, search: str):
+        """A new block chosen: its table, and the card of the other block cleared (its id means nothing here)."""
+        rows, summary = self.feature_table(block, sort_by, search)
+        return rows, summary, None, "", []
 
     # ----- RIEBench -----------------------------------------------------------------------------
     @functools.cached_property
@@ -495,7 +689,19 @@ class Workbench:
         figure = tradeoff_figure(tradeoff_curves(rows)) if rows else None
         return status, gr.update(value=table, headers=columns), figure, gallery
 
+    def run_image(self, out: Path, image, name: str) -> str:
+        """A RIEBench gallery image as a PNG file of the run (a file is sent as it is each time the gallery is
+        streamed again; an array would be encoded again for every update)."""
+        from PIL import Image
+
+        directory = out / "gallery"
+        directory.mkdir(exist_ok=True)
+        path = directory / f"{name}.png"
+        Image.fromarray(np.asarray(image)).save(path, format="PNG")
+        return str(path)
+
     @user_errors
+    @status_on_failure(4)
     def riebench_run(self, category: str, task_ids: list[str], method: str, k_trans, multiplier, blocks: list[str],
                      variant: str, request: gr.Request = None, progress=gr.Progress()):
         """Run a method on the chosen tasks; streams the table, the trade-off plot and the gallery per task."""
@@ -528,33 +734,55 @@ class Workbench:
         cancel = self.start_action(request, "riebench")
         events = run_in_thread(lambda emit: runner.run(on_result=emit, cancel=cancel))
         results, gallery, failures = [], [], []
-        progress((0, len(suite.tasks)), desc="riebench", unit="task")
-        yield self.riebench_outputs(results, gallery, f"Running {config.label} on {len(suite.tasks)} task(s)…")
+        done, total = 0, len(suite.tasks)
+        progress((0, total), desc="riebench", unit="task")
+        yield self.riebench_outputs(results, gallery, f"Running {config.label} on {total} task(s)…")
+        shown, changed, cancelling = time.monotonic(), False, False
+        unchanged = gr.update()
         try:
             while True:
-                kind, item = events.get()
+                try:
+                    kind, item = events.get(timeout=POLL_S)
+                except queue.Empty:
+                    kind = None
                 if kind == "error":
                     raise item
                 if kind == "done":
                     break
-                task, result = item["task"], item["result"]
-                progress((item["done"], item["total"]), desc="riebench", unit="task")
-                if "error" in result:
-                    failures.append(f"{task.id}: {result['error']}")
-                else:
-                    results.append(result)
-                    target = shapes.render(task.scenes()[1]) if task.target_scene is not None else None
-                    gallery += [(item["original_image"], f"{task.id} original: {task.original}"),
-                                (item["edited_image"], f"{task.id} edited ({config.label})"),
-                                *([(target, f"{task.id} target: {task.edited}")] if target is not None else [])]
-                yield self.riebench_outputs(results, gallery, f"{item['done']} of {item['total']} task(s) done…")
+                if kind == "event":
+                    task, result = item["task"], item["result"]
+                    done, total, changed = item["done"], item["total"], True
+                    if "error" in result:
+                        failures.append(f"{task.id}: {result['error']}")
+                    else:
+                        results.append(result)
+                        target = shapes.render(task.scenes()[1]) if task.target_scene is not None else None
+                        gallery += [(self.run_image(out, item["original_image"], f"{task.id}-original"),
+                                     f"{task.id} original: {task.original}"),
+                                    (self.run_image(out, item["edited_image"], f"{task.id}-edited"),
+                                     f"{task.id} edited ({config.label})"),
+                                    *([(self.run_image(out, target, f"{task.id}-target"),
+                                        f"{task.id} target: {task.edited}")] if target is not None else [])]
+                if cancel.is_set() and not cancelling:  # the Cancel button: said at once, done after this edit
+                    cancelling = True
+                    yield (f"**Cancelling**: {done} of {total} task(s) done; the run stops after the current "
+                           "edit…", unchanged, unchanged, unchanged)
+                elif changed and time.monotonic() - shown >= STREAM_INTERVAL_S:  # a few updates a second
+                    shown, changed = time.monotonic(), False
+                    progress((done, total), desc="riebench", unit="task")
+                    yield self.riebench_outputs(results, gallery, f"{done} of {total} task(s) done…")
         finally:
-            cancel.set()  # a closed or cancelled stream stops the run after the current edit
+            cancel.set()  # a closed stream stops the run after the current edit
+            self.end_action(request, "riebench", cancel)
         counts = item
-        status = (f"**{'Cancelled' if counts.get('cancelled') else 'Finished'}**: {counts['done']} task(s) edited "
-                  f"with `{config.label}` (k_trans={config.k_trans}, m={config.multiplier:g}), {counts['failed']} failed."
-                  + "".join(f"\n- {f}" for f in failures))
-        yield self.riebench_outputs(results, gallery, status)
+        settings = f"with `{config.label}` (k_trans={config.k_trans}, m={config.multiplier:g})"
+        if counts.get("cancelled"):
+            status = (f"**Cancelled** after {counts['done'] + counts['failed']} of {total} task(s): "
+                      f"{counts['done']} edited {settings}, {counts['failed']} failed; the tasks after them "
+                      "were not run.")
+        else:
+            status = f"**Finished**: {counts['done']} task(s) edited {settings}, {counts['failed']} failed."
+        yield self.riebench_outputs(results, gallery, status + "".join(f"\n- {f}" for f in failures))
 
     # ----- FlowLens -----------------------------------------------------------------------------
     @staticmethod
@@ -601,21 +829,10 @@ class Workbench:
             raise ValueError(f"PCA of residuals needs at least 3 prompts, got {len(prompts)}")
         return prompts
 
-    @user_errors
-    def flowlens_run(self, models: list[str], reference: str, source: str, upload, n_prompts, components,
-                     stability: bool, progress=gr.Progress()):
-        """Residual geometry of each chosen model (aligned with the reference when one is chosen)."""
-        from flowlens.analyze import analyse, geometry_figures
+    def _flowlens_residuals(self, names, prompts, stability, residuals, stripped, progress):
+        """Residuals of each model, in chunks (Cancel, which closes the stream, stops within one)."""
         from interp.hooks.lm import last_token_residuals
 
-        models = [models] if isinstance(models, str) else list(models or [])
-        if not models:
-            raise ValueError("choose at least one model")
-        reference = None if reference in (None, "", "none") else reference
-        k = whole_number(components, "components", 1, 64)
-        prompts = self.flowlens_prompts(source, upload, n_prompts)
-        names = list(dict.fromkeys(models + ([reference] if reference else [])))
-        residuals, stripped = {}, {}
         unchanged = gr.update()
         shown = 0.0
         for i, name in enumerate(names):
@@ -637,6 +854,27 @@ class Workbench:
             residuals[name] = torch.cat(parts).numpy()
             if stability:
                 stripped[name] = torch.cat(stripped_parts).numpy()
+
+    @user_errors
+    @status_on_failure(4)
+    def flowlens_run(self, models: list[str], reference: str, source: str, upload, n_prompts, components,
+                     stability: bool, request: gr.Request = None, progress=gr.Progress()):
+        """Residual geometry of each chosen model (aligned with the reference when one is chosen)."""
+        from flowlens.analyze import analyse, geometry_figures
+
+        models = [models] if isinstance(models, str) else list(models or [])
+        if not models:
+            raise ValueError("choose at least one model")
+        reference = None if reference in (None, "", "none") else reference
+        k = whole_number(components, "components", 1, 64)
+        prompts = self.flowlens_prompts(source, upload, n_prompts)
+        names = list(dict.fromkeys(models + ([reference] if reference else [])))
+        residuals, stripped = {}, {}
+        running = self.start_action(request, "flowlens")  # Cancel closes the stream; this says whether it was open
+        try:
+            yield from self._flowlens_residuals(names, prompts, stability, residuals, stripped, progress)
+        finally:
+            self.end_action(request, "flowlens", running)
         progress((len(names), len(names)), desc="PCA")
         # every chosen model is aligned with the reference (itself included: a check that reads 1);
         # the reference, when not chosen, is shown beside them unaligned
@@ -677,7 +915,10 @@ class Workbench:
 
         data = directory / "train.jsonl"
         if source == UPLOADED:
-            shutil.copyfile(self.checked_upload(upload, (".jsonl",)), data)
+            upload = self.checked_upload(upload, (".jsonl",))
+            data = directory / "upload" / upload.name  # its own name: the messages about it name it so
+            data.parent.mkdir()
+            shutil.copyfile(upload, data)
         else:
             write_jsonl(data, World().mixture("train", n_examples, {"general": 0.5, "benign": 0.25, "harmful": 0.25}))
         if eval_per_kind == 0:
@@ -700,7 +941,20 @@ class Workbench:
         return [[label, show(before.get(key)), show(after.get(key)) if after else "(not run)"]
                 for key, label in names.items()]
 
+    @staticmethod
+    def vcl_failure(err: BaseException, entries: list[dict], steps: int, lr: float) -> BaseException:
+        """A run that diverged (a non-finite loss, or residuals too large for the VCL's eigendecomposition:
+        torch's LinAlgError) as a message saying so and what to lower; anything else as it is."""
+        if isinstance(err, (FloatingPointError, torch.linalg.LinAlgError)):
+            cause = "the loss became non-finite" if isinstance(err, FloatingPointError) else \
+                "the residuals became too large for the VCL's eigendecomposition"
+            step = len(entries) if isinstance(err, FloatingPointError) else len(entries) + 1  # logged or not
+            return ValueError(f"training diverged at step {step} of {steps} ({cause}); lower the lr "
+                              f"(now {lr:g}) or lambda")
+        return err
+
     @user_errors
+    @status_on_failure(3)
     def vcl_run(self, model_name: str, source: str, upload, n_examples, weight, k, window_start, window_end,
                 sign: str, pooling: str, steps, lr, batch_size, eval_per_kind, request: gr.Request = None,
                 progress=gr.Progress()):
@@ -734,26 +988,40 @@ class Workbench:
         events = run_in_thread(lambda emit: finetune(config, model=model, tokenizer=tokenizer, cancel=cancel))
         title = f"{model_name}: SFT + {vcl.weight:g} x VCL (k={vcl.k}, window {vcl.window[0]:g}-{vcl.window[1]:g}, " \
                 f"{vcl.sign}, {vcl.pooling})"
-        shown = -1
+        shown, drawn, cancelling, entries = 0.0, -1, False, []
+        unchanged = gr.update()
         try:
             while True:
                 try:
-                    kind, item = events.get(timeout=0.5)
+                    kind, item = events.get(timeout=POLL_S)
                 except queue.Empty:
                     kind = None
                 if kind == "error":
-                    raise item
-                entries = read_log(config.out)
+                    raise self.vcl_failure(item, read_log(config.out), steps, config.lr)
                 if kind == "done":
+                    entries = read_log(config.out)
                     break
-                if len(entries) != shown:
-                    shown = len(entries)
-                    progress((len(entries), steps), desc="fine-tuning", unit="step")
-                    phase = "evaluating before training…" if not entries and evaluation else \
-                        f"step {len(entries)} of {steps}…"
-                    yield f"Fine-tuning: {phase}", loss_curves_figure(entries, title), []
+                if cancel.is_set() and not cancelling:  # the Cancel button: said at once, done after this step
+                    cancelling = True
+                    entries = read_log(config.out)
+                    when = "after the current step" if entries else \
+                        "after the evaluation before training and the first step"
+                    yield f"**Cancelling** at step {len(entries)} of {steps}: the run stops {when}…", \
+                        unchanged, unchanged
+                elif not cancelling and time.monotonic() - shown >= STREAM_INTERVAL_S:  # a few updates a second
+                    shown = time.monotonic()
+                    entries = read_log(config.out)
+                    if len(entries) != drawn:
+                        drawn = len(entries)
+                        progress((len(entries), steps), desc="fine-tuning", unit="step")
+                        phase = ("evaluating before training…" if evaluation else "starting…") if not entries else \
+                            f"step {len(entries)} of {steps}…" if len(entries) < steps else \
+                            f"step {steps} of {steps}; saving" + (" and evaluating after training…" if evaluation
+                                                                 else "…")
+                        yield f"Fine-tuning: {phase}", loss_curves_figure(entries, title), []
         finally:
             cancel.set()  # a closed stream stops the run after the current step
+            self.end_action(request, "fine-tuning", cancel)
         result = item
         if result["status"] == "cancelled":
             status = (f"**Cancelled** cleanly at step {result['step']} of {steps}: the checkpoint is saved in the "
@@ -779,12 +1047,12 @@ def build_ui(bench: Workbench) -> gr.Blocks:
             explore_state = gr.State({})
             with gr.Row():
                 with gr.Column():
-                    prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_length=2000,
-                                        elem_id="prompt")
+                    prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="prompt",
+                                        info=f"at most {MAX_PROMPT_CHARS} characters")
                     with gr.Row():
-                        steps = gr.Number(label="Steps", value=bench.t2i.default_steps, precision=0, minimum=1,
+                        steps = Number(label="Steps", value=bench.t2i.default_steps, minimum=1,
                                           maximum=1000, elem_id="steps")
-                        seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, elem_id="seed")
+                        seed = Number(label="Seed", value=0, minimum=0, elem_id="seed")
                     with gr.Row():
                         run = gr.Button("Generate", variant="primary", elem_id="generate-button")
                         stop = gr.Button("Cancel", elem_id="generate-cancel")
@@ -807,28 +1075,31 @@ def build_ui(bench: Workbench) -> gr.Blocks:
             gen_api = gr.Button(visible=False)
             gen_api.click(bench.generate, [prompt, steps, seed], [image, info], api_name="generate")
 
-        with gr.Tab("Paint", id="paint"):
+        with gr.Tab("Paint", id="paint") as paint_tab:
             gr.Markdown("Paint a region on the image, choose a feature and a strength (a multiple of the feature's "
-                        "mean activation; negative removes it), and apply: original, edited and their difference."
+                        "mean activation; negative removes it), and apply: original, edited and their difference. "
+                        "Opening the tab loads the prompt's image to paint on; after changing the prompt, steps or "
+                        "seed, click *Load image to paint on*. Painting nothing applies the feature everywhere."
                         + ("" if library_blocks else NO_SAES_NOTE.format(model=bench.model_name)))
             with gr.Row():
                 with gr.Column():
-                    p_prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_length=2000,
-                                          elem_id="paint-prompt")
+                    p_prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2,
+                                          elem_id="paint-prompt", info=f"at most {MAX_PROMPT_CHARS} characters")
                     with gr.Row():
-                        p_steps = gr.Number(label="Steps", value=bench.t2i.default_steps, precision=0, minimum=1,
+                        p_steps = Number(label="Steps", value=bench.t2i.default_steps, minimum=1,
                                             elem_id="paint-steps")
-                        p_seed = gr.Number(label="Seed", value=0, precision=0, minimum=0, elem_id="paint-seed")
+                        p_seed = Number(label="Seed", value=0, minimum=0, elem_id="paint-seed")
                     load = gr.Button("Load image to paint on", elem_id="paint-load")
                     p_block = gr.Dropdown(label="Block", choices=library_blocks, value=default_block,
                                           elem_id="paint-block")
                     with gr.Row():
-                        p_feature = gr.Number(label="Feature id", value=0, precision=0, minimum=0,
-                                              elem_id="paint-feature")
+                        # a feature that visibly paints (feature 0 of a block may change nothing)
+                        p_feature = Number(label="Feature id", value=bench.default_paint_feature(default_block),
+                                           minimum=0, elem_id="paint-feature")
                         p_search = gr.Textbox(label="…or search labels", placeholder="e.g. colour=red",
                                               elem_id="paint-search")
                     with gr.Row():
-                        p_strength = gr.Slider(-1, 8, value=3, step=0.5, label="Strength (x mean activation)",
+                        p_strength = Slider(-1, 8, value=3, step=0.5, label="Strength (x mean activation)",
                                                elem_id="paint-strength")
                         p_act = gr.Textbox(label="Steps it acts on", value="all", elem_id="paint-act-steps")
                     with gr.Row():
@@ -851,6 +1122,10 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                 icon = gr.Image(label="Feature icon", interactive=False, elem_id="paint-icon-image", height=240)
             p_info = gr.Markdown(elem_id="paint-info")
             loaded = load.click(bench.paint_canvas, [p_prompt, p_steps, p_seed], [region], api_name="paint_canvas")
+            # the first visit loads the image, so strokes always land on it
+            paint_tab.select(bench.paint_canvas_if_empty, [p_prompt, p_steps, p_seed, region], [region],
+                             api_name=False)
+            p_block.change(bench.default_paint_feature, [p_block], [p_feature], api_name=False, queue=False)
             applied = apply.click(bench.paint, [p_prompt, p_steps, p_seed, p_block, p_feature, p_search, p_strength,
                                                 p_act, region], [original, edited, difference, painted, p_info],
                                   api_name="paint", concurrency_limit=2)
@@ -874,17 +1149,21 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                 table = gr.Dataframe(headers=["id", "label", "AUROC", "frequency", "mean activation"],
                                      interactive=False, elem_id="features-table", max_height=420)
                 with gr.Column():
-                    f_id = gr.Number(label="Feature id", precision=0, minimum=0, elem_id="features-id")
+                    f_id = Number(label="Feature id", minimum=0, elem_id="features-id")
                     f_open = gr.Button("Open card", elem_id="features-open")
                     card_text = gr.Markdown(elem_id="feature-card")
                     gallery = gr.Gallery(label="Top images (heatmap in red)", columns=3, height=300,
                                          elem_id="feature-gallery")
-            f_show.click(bench.feature_table, [f_block, f_sort, f_search], [table, f_summary], api_name="features",
-                         queue=False)
-            f_open.click(bench.feature_card, [f_block, f_id], [card_text, gallery], api_name="feature_card",
-                         queue=False)
-            table.select(bench.select_row, [f_block], [f_id, card_text, gallery], queue=False)
-            demo.load(bench.feature_table, [f_block, f_sort, f_search], [table, f_summary], queue=False) \
+            # Queued: an error of an unqueued event reaches the browser as a bare "Error", without its message.
+            f_show.click(bench.feature_table, [f_block, f_sort, f_search], [table, f_summary], api_name="features")
+            f_open.click(bench.feature_card, [f_block, f_id], [card_text, gallery], api_name="feature_card")
+            table.select(bench.select_row, [f_block], [f_id, card_text, gallery])
+            # another block: its own table, and the old block's card cleared (a row or id is per block)
+            f_block.change(bench.feature_block, [f_block, f_sort, f_search], [table, f_summary, f_id, card_text,
+                                                                              gallery], api_name=False)
+            f_sort.change(bench.feature_table, [f_block, f_sort, f_search], [table, f_summary], api_name=False)
+            f_search.submit(bench.feature_table, [f_block, f_sort, f_search], [table, f_summary], api_name=False)
+            demo.load(bench.feature_table, [f_block, f_sort, f_search], [table, f_summary]) \
                 if default_block else None
         with gr.Tab("RIEBench", id="riebench"):
             build_riebench_tab(bench, blocks)
@@ -918,9 +1197,9 @@ def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
             method = gr.Dropdown(methods, value=default_method, label="Method", elem_id="riebench-method")
             with gr.Row():
                 # the sweep's best SAE configuration over all categories (README): k_trans 8, m 1
-                k_trans = gr.Number(value=8, precision=0, minimum=1, label="k_trans (units moved)",
+                k_trans = Number(value=8, minimum=1, label="k_trans (units moved)",
                                     elem_id="riebench-k")
-                multiplier = gr.Number(value=1.0, label="m (multiplier)", elem_id="riebench-m")
+                multiplier = Number(value=1.0, label="m (multiplier)", elem_id="riebench-m")
             variant = gr.Radio(list(VARIANTS), value="static", label="Variant (sae)", elem_id="riebench-variant")
             # the model's analysed blocks (the shipped SAEs') by default; every hookable block can be chosen
             default_blocks = [b for b in bench.t2i.default_blocks if b in blocks] or blocks[:1]
@@ -936,11 +1215,12 @@ def build_riebench_tab(bench: Workbench, blocks: list[str]) -> None:
         gallery = gr.Gallery(label="Original / edited / target, per task", columns=3, height=460,
                              object_fit="contain", elem_id="riebench-gallery")
     category.change(bench.riebench_tasks_for, [category], [task_ids], queue=False, api_name=False)
-    event = run.click(bench.riebench_run, [category, task_ids, method, k_trans, multiplier, run_blocks, variant],
+    run.click(bench.riebench_run, [category, task_ids, method, k_trans, multiplier, run_blocks, variant],
                       [status, table, plot, gallery], api_name="riebench", concurrency_limit=1)
-    cancel.click(bench.cancel("riebench", "**Cancelled**: the run stops after the current edit; the results shown "
-                                          "are the tasks finished before it."),
-                 None, [status], cancels=[event], queue=False, api_name=False)
+    # The run's own stream says "Cancelling…" at once and "Cancelled" (or "Finished", when the last edit was
+    # already under way) when it has stopped: the button only sets the session's Event, and a click when no
+    # run is going changes nothing.
+    cancel.click(bench.cancel("riebench"), None, None, queue=False, api_name=False)
 
 
 def fetch_hint(models: list[str]) -> str:
@@ -972,9 +1252,9 @@ def build_flowlens_tab(bench: Workbench) -> None:
             upload = gr.File(label="Prompt file (JSONL with a prompt field, or XSTest CSV; 2 MB at most)",
                              file_types=[".jsonl", ".csv"], type="filepath", elem_id="flowlens-upload")
             with gr.Row():
-                n_prompts = gr.Number(value=48, precision=0, minimum=3, maximum=MAX_PROMPTS,
+                n_prompts = Number(value=48, minimum=3, maximum=MAX_PROMPTS,
                                       label="Prompts (chat world)", elem_id="flowlens-n")
-                components = gr.Number(value=3, precision=0, minimum=1, maximum=64, label="Principal components",
+                components = Number(value=3, minimum=1, maximum=64, label="Principal components",
                                        elem_id="flowlens-k")
             stability = gr.Checkbox(False, label="PC1 stability without trailing punctuation")
             with gr.Row():
@@ -988,7 +1268,8 @@ def build_flowlens_tab(bench: Workbench) -> None:
         alignment = gr.Plot(label="Alignment with the reference", elem_id="flowlens-alignment")
     event = run.click(bench.flowlens_run, [chosen, reference, source, upload, n_prompts, components, stability],
                       [summary, concentration, projections, alignment], api_name="flowlens", concurrency_limit=2)
-    cancel.click(lambda: "**Cancelled**: the analysis stops within the current chunk of prompts.", None, [summary],
+    cancel.click(bench.cancel("flowlens", "**Cancelled**: the analysis stops within the current chunk of prompts."),
+                 None, [summary],
                  cancels=[event], queue=False, api_name=False)
     gr.Markdown("### Lexical diversity of a data set")
     with gr.Row():
@@ -1018,28 +1299,28 @@ def build_vcl_tab(bench: Workbench) -> None:
                               elem_id="vcl-source")
             upload = gr.File(label="SFT data (JSONL: prompt, completion; 2 MB at most)", file_types=[".jsonl"],
                              type="filepath", elem_id="vcl-upload")
-            n_examples = gr.Number(value=256, precision=0, minimum=1, label="Examples (chat world)",
+            n_examples = Number(value=256, minimum=1, label="Examples (chat world)",
                                    elem_id="vcl-examples")
         with gr.Column():
             gr.Markdown("**Loss**")
             with gr.Row():
-                weight = gr.Number(value=1.0, label="lambda", elem_id="vcl-lambda")
-                k = gr.Number(value=2, precision=0, minimum=1, label="k", elem_id="vcl-k")
+                weight = Number(value=1.0, label="lambda", elem_id="vcl-lambda")
+                k = Number(value=2, minimum=1, label="k", elem_id="vcl-k")
             with gr.Row():
-                window_start = gr.Slider(0, 1, value=0.3, step=0.05, label="window a", elem_id="vcl-window-a")
-                window_end = gr.Slider(0, 1, value=0.7, step=0.05, label="window b", elem_id="vcl-window-b")
+                window_start = Slider(0, 1, value=0.3, step=0.05, label="window a", elem_id="vcl-window-a")
+                window_end = Slider(0, 1, value=0.7, step=0.05, label="window b", elem_id="vcl-window-b")
             with gr.Row():
                 sign = gr.Radio(list(SIGNS), value="penalize", label="sign", elem_id="vcl-sign")
                 pooling = gr.Radio(list(POOLINGS), value="mean", label="pooling", elem_id="vcl-pooling")
         with gr.Column():
             gr.Markdown("**Run**")
             with gr.Row():
-                steps = gr.Number(value=30, precision=0, minimum=1, maximum=2000, label="steps", elem_id="vcl-steps")
-                lr = gr.Number(value=1e-4, label="lr", elem_id="vcl-lr")
+                steps = Number(value=30, minimum=1, maximum=2000, label="steps", elem_id="vcl-steps")
+                lr = Number(value=1e-4, label="lr", elem_id="vcl-lr")
             with gr.Row():
-                batch_size = gr.Number(value=8, precision=0, minimum=1, maximum=64, label="batch",
+                batch_size = Number(value=8, minimum=1, maximum=64, label="batch",
                                        elem_id="vcl-batch")
-                eval_per_kind = gr.Number(value=8, precision=0, minimum=0, maximum=100,
+                eval_per_kind = Number(value=8, minimum=0, maximum=100,
                                           label="eval prompts per kind (0: none)", elem_id="vcl-eval")
             with gr.Row():
                 run = gr.Button("Fine-tune", variant="primary", elem_id="vcl-run")

@@ -173,3 +173,308 @@ def test_two_requests_of_one_session_each_keep_their_own_image(bench):
     assert first != second
     assert np.asarray(Image.open(first))[0, 0].tolist() == [255, 0, 0]
     assert np.asarray(Image.open(second))[0, 0].tolist() == [0, 0, 255]
+
+
+# ----------------------------------------------------------------------------- issue 21: what a user sees
+
+BLOCK = "up_blocks.1.attentions.2"
+
+
+def no_progress(*args, **kwargs):
+    return None
+
+
+def needs_shipped_saes(bench):
+    if bench.library is None or BLOCK not in bench.library.blocks:
+        pytest.skip("needs the SAEs shipped for the toy model")
+
+
+def dependencies(demo):
+    """(trigger component, event name, fn, queued, outputs) of every event listener of a built UI."""
+    for fn in demo.fns.values():
+        for block_id, event in fn.targets:
+            yield demo.blocks.get(block_id), event, fn.fn, fn.queue, fn.outputs
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from app import build_ui
+
+    bench = Workbench("toy", data_dir=tmp_path_factory.mktemp("data"))
+    return bench, build_ui(bench)
+
+
+def test_every_event_that_can_fail_with_a_message_is_queued(demo):
+    """Issue 21: the Features card with id 256, -1 or 1e30 showed a bare red "Error": Gradio sends an unqueued
+    event's error to the browser without its message."""
+    _, ui = demo
+    checked = [getattr(fn, "__name__", "") for _, _, fn, queued, _ in dependencies(ui)
+               if getattr(fn, "user_errors", False) and queued is not False]
+    unqueued = [getattr(fn, "__name__", "") for _, _, fn, queued, _ in dependencies(ui)
+                if getattr(fn, "user_errors", False) and queued is False]
+    assert not unqueued, f"errors of these would reach the browser without their message: {unqueued}"
+    assert {"feature_card", "feature_table", "select_row"} <= set(checked)
+
+
+@pytest.mark.parametrize("feature", [256, -1, 1e30, 2.5, float("nan"), "x"])
+def test_a_feature_id_that_is_not_one_is_refused_with_the_range(bench, feature):
+    needs_shipped_saes(bench)
+    with pytest.raises(gr.Error, match=r"whole number from 0 to 255") as err:
+        bench.feature_card(BLOCK, feature)
+    assert "0000000" not in err.value.message  # 1e30 was shown as 1000000000000000019884624838656
+
+
+def test_no_number_field_rounds_and_no_textbox_cuts_silently(demo):
+    """Issue 21: Gradio's precision=0 turned 2.5 steps into 2, and max_length cut a 5000-character prompt."""
+    import app
+
+    _, ui = demo
+    numbers = [b for b in ui.blocks.values() if isinstance(b, gr.Number)]
+    assert numbers and all(isinstance(b, app.Number) and b.precision is None for b in numbers)
+    assert all(isinstance(b, app.Slider) for b in ui.blocks.values() if isinstance(b, gr.Slider))
+    assert not [b.label for b in ui.blocks.values() if isinstance(b, gr.Textbox) and b.max_length]
+
+
+def test_fractional_steps_and_overlong_prompts_are_refused_not_changed(bench):
+    with pytest.raises(gr.Error, match="steps must be a whole number"):
+        bench.generate("a red circle", 2.5, 0, progress=no_progress)
+    with pytest.raises(gr.Error, match="5000 characters long; the limit is 2000"):
+        bench.generate(("a red circle " * 400)[:5000], 1, 0, progress=no_progress)
+    needs_shipped_saes(bench)
+    with pytest.raises(gr.Error, match="steps must be a whole number"):
+        bench.paint("a red circle", 1.5, 0, BLOCK, 0, "", 2.0, "all", None, progress=no_progress)
+
+
+def test_an_out_of_range_field_names_itself_without_a_server_traceback(caplog):
+    import logging
+
+    import app
+
+    field = app.Slider(-1, 8, value=3, label="Strength")
+    with caplog.at_level(logging.WARNING, logger="workbench"):
+        with pytest.raises(gr.Error, match="Strength: value 1000 is greater than maximum value 8") as err:
+            field.preprocess(1000)
+    assert err.value.print_exception is False  # Gradio prints a traceback for an Error unless told not to
+    assert [r.getMessage() for r in caplog.records] == \
+        ["user error in Strength: Strength: value 1000 is greater than maximum value 8"]
+    assert app.Number(label="Steps", minimum=1).preprocess(2.5) == 2.5  # the handler refuses it, by name
+
+
+def test_user_errors_are_logged_as_one_line_without_a_traceback(caplog):
+    import logging
+
+    @user_errors
+    def plain(x):
+        return whole_number(x, "steps", 1)
+
+    with caplog.at_level(logging.WARNING, logger="workbench"):
+        with pytest.raises(gr.Error) as err:
+            plain(0)
+    assert err.value.print_exception is False
+    assert [r.getMessage() for r in caplog.records] == ["user error in plain: steps must be 1 or more"]
+    assert not caplog.records[0].exc_info
+
+
+@pytest.fixture
+def uploads():
+    folder = Path(gr.utils.get_upload_folder()) / "test-app-units-names"
+    folder.mkdir(parents=True, exist_ok=True)
+    yield folder
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()
+
+
+def test_a_binary_upload_is_named_and_no_message_shows_a_server_path(bench, uploads):
+    binary = uploads / "photo.jsonl"
+    binary.write_bytes(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 4)
+    with pytest.raises(gr.Error) as err:
+        bench.diversity(str(binary), "both")
+    assert err.value.message.startswith("photo.jsonl is not a UTF-8 text file"), err.value.message
+    bad = uploads / "my data.jsonl"
+    bad.write_text('{"text": "no prompt here"}\n')
+    with pytest.raises(gr.Error) as err:
+        bench.diversity(str(bad), "both")
+    assert "my data.jsonl: line 1" in err.value.message or "data.jsonl: line 1" in err.value.message
+    assert str(uploads) not in err.value.message and gr.utils.get_upload_folder() not in err.value.message
+
+
+def test_a_vcl_upload_is_named_by_its_own_name_not_the_session_copy(bench, uploads):
+    data = uploads / "sft-data.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(12)))
+    outputs = []
+    with pytest.raises(gr.Error) as err:
+        for output in bench.vcl_run("toy-chat", "uploaded file", str(data), 16, 1.0, 2, 0.3, 0.7, "penalize",
+                                    "mean", 2, 1e-4, 8, 0, Request("vcl-upload"), progress=no_progress):
+            outputs.append(output)
+    message = err.value.message
+    assert message.startswith("sft-data.jsonl: line 1 has no 'completion' field"), message
+    assert str(bench.data_dir) not in message and "sessions" not in message
+    assert outputs[-1][0] == f"**Failed**: {message}"  # the status says so too, not "Fine-tuning…"
+
+
+def test_a_diverging_vcl_run_says_so_and_its_status_never_reads_finished(bench):
+    """Issue 21: lr 1e6 raised torch's LinAlgError (a bare "Error" in the UI) and left "Finished" shown."""
+    outputs = []
+    with pytest.raises(gr.Error, match=r"training diverged at step \d+ of 30 .*lower the lr \(now 1e\+06\)"):
+        for output in bench.vcl_run("toy-chat", "chat world mixture", None, 32, 1.0, 2, 0.3, 0.7, "penalize",
+                                    "mean", 30, 1e6, 8, 0, Request("vcl-lr"), progress=no_progress):
+            outputs.append(output)
+    assert outputs[-1][0].startswith("**Failed**: training diverged")
+    assert not any("Finished" in str(o[0]) for o in outputs)
+
+
+class FakeRunner:
+    """Stands in for riebench's Runner.run: `n` results (failures, so no images), `gap` seconds apart,
+    stopping when cancelled (after `stop_delay` seconds: the edit under way) unless `finish` is set."""
+
+    def __init__(self, n, gap, stop_delay=0.0, finish=False):
+        self.n, self.gap, self.stop_delay, self.finish = n, gap, stop_delay, finish
+
+    def __call__(self, runner, on_result=None, cancel=None):
+        import time
+
+        for i in range(self.n):
+            if cancel is not None and cancel.is_set() and not self.finish:
+                time.sleep(self.stop_delay)
+                return {"done": 0, "already_done": 0, "failed": i, "cancelled": True}
+            time.sleep(self.gap)
+            task = runner.suite.tasks[0]
+            on_result({"task": task, "config": runner.cfg.configs[0], "result": {"error": f"edit {i}"},
+                       "original_image": None, "edited_image": None, "done": i + 1, "total": self.n})
+        return {"done": 0, "already_done": 0, "failed": self.n}
+
+    def method(self):
+        return lambda runner, on_result=None, cancel=None: self(runner, on_result, cancel)
+
+
+RIEBENCH_ARGS = ("change colour", ["change-colour-000"], "activation-diff", 3, 1.0, ["mid_block.attentions.0"],
+                 "static")
+
+
+def test_riebench_streams_a_few_updates_a_second_however_fast_results_come(bench, monkeypatch):
+    import time
+
+    from riebench.runner import Runner
+
+    monkeypatch.setattr(Runner, "run", FakeRunner(60, 0.01).method())
+    started = time.monotonic()
+    outputs = list(bench.riebench_run(*RIEBENCH_ARGS, Request("rb-fast"), progress=no_progress))
+    elapsed = time.monotonic() - started
+    assert outputs[-1][0].startswith("**Finished**") and "60 failed" in outputs[-1][0]
+    assert len(outputs) - 2 <= elapsed / 0.3 + 1, f"{len(outputs)} updates in {elapsed:.2f} s"
+
+
+def test_riebench_cancel_is_said_at_once_and_the_run_reports_where_it_stopped(bench, monkeypatch):
+    import time
+
+    from riebench.runner import Runner
+
+    monkeypatch.setattr(Runner, "run", FakeRunner(200, 0.02, stop_delay=0.5).method())
+    request, clicked, statuses = Request("rb-cancel"), None, []
+    for output in bench.riebench_run(*RIEBENCH_ARGS, request, progress=no_progress):
+        statuses.append((time.monotonic(), output[0]))
+        if clicked is None and "task(s) done" in output[0]:
+            clicked = time.monotonic()
+            assert bench.cancel("riebench")(request) is None  # the stream reports; the button says nothing
+    said = next(t for t, s in statuses if s.startswith("**Cancelling**"))
+    assert said - clicked < 1.0
+    assert statuses[-1][1].startswith("**Cancelled** after") and statuses[-1][0] - clicked < 2.0
+    assert ("rb-cancel", "riebench") not in bench._cancels  # a later click has nothing to cancel
+
+
+def test_riebench_reports_finished_when_the_cancel_came_too_late_to_stop_anything(bench, monkeypatch):
+    from riebench.runner import Runner
+
+    monkeypatch.setattr(Runner, "run", FakeRunner(3, 0.3, finish=True).method())
+    request, statuses = Request("rb-late"), []
+    for output in bench.riebench_run(*RIEBENCH_ARGS, request, progress=no_progress):
+        statuses.append(output[0])
+        if "task(s) done" in output[0]:
+            bench.cancel("riebench")(request)
+    assert statuses[-1].startswith("**Finished**") and not any(s.startswith("**Cancelled") for s in statuses)
+
+
+def test_vcl_cancel_is_said_at_once_and_stops_within_a_second(bench):
+    import time
+
+    request, clicked, statuses = Request("vcl-cancel"), None, []
+    for output in bench.vcl_run("toy-chat", "chat world mixture", None, 32, 1.0, 2, 0.3, 0.7, "penalize", "mean",
+                                2000, 1e-4, 8, 0, request, progress=no_progress):
+        statuses.append((time.monotonic(), output[0]))
+        if clicked is None and "step" in output[0] and not output[0].endswith("step 0 of 2000…"):
+            clicked = time.monotonic()
+            bench.cancel("fine-tuning")(request)
+    said = next(t for t, s in statuses if s.startswith("**Cancel"))  # "Cancelling…", or already "Cancelled"
+    assert said - clicked < 1.0
+    assert statuses[-1][1].startswith("**Cancelled** cleanly at step") and statuses[-1][0] - clicked < 2.0
+    updates = [t for t, s in statuses if s.startswith("Fine-tuning: step")]
+    assert all(b - a >= 0.25 for a, b in zip(updates, updates[1:]))  # a few updates a second at most
+
+
+def test_a_cancel_click_after_the_end_changes_nothing(bench):
+    """Issue 21: Cancel after "Finished" overwrote the status with "Cancelled"."""
+    request = Request("late-click")
+    bench.generate("a red circle", 1, 0, request, progress=no_progress)
+    assert bench.cancel("generate", "**Cancelled**")(request) == gr.update()
+    assert bench.cancel("riebench")(request) is None
+
+
+def test_changing_the_features_block_refreshes_its_table_and_clears_the_card(demo):
+    """Issue 21: changing Block kept the other block's table, and its rows opened the same id in the new block."""
+    bench, ui = demo
+    needs_shipped_saes(bench)
+    block = next(b for b in ui.blocks.values() if getattr(b, "elem_id", None) == "features-block")
+    table = next(b for b in ui.blocks.values() if getattr(b, "elem_id", None) == "features-table")
+    on_change = [(fn, outputs) for trigger, event, fn, _, outputs in dependencies(ui)
+                 if trigger is block and event == "change"]
+    assert on_change and table._id in [o._id if hasattr(o, "_id") else o for o in on_change[0][1]]
+    other = bench.library.blocks[0]
+    rows, summary, feature, card, gallery = bench.feature_block(other, "id", "")
+    assert summary.endswith(f"of {other}") and [r[0] for r in rows] == [c["id"] for c in bench.library.cards(other)]
+    assert feature is None and card == "" and gallery == []
+
+
+def test_frequency_is_a_percentage_everywhere(bench):
+    needs_shipped_saes(bench)
+    rows, _ = bench.feature_table(BLOCK, "frequency", "")
+    card = bench.library.cards(BLOCK)[0]
+    assert all(isinstance(r[3], str) and r[3].endswith("%") for r in rows)
+    row = next(r for r in rows if r[0] == card["id"])
+    assert row[3] == f"{100 * card['frequency']:.3g}%"
+    text, _ = bench.feature_card(BLOCK, card["id"])
+    assert f"**Fires on** {row[3]} of positions" in text
+
+
+def test_paint_starts_with_a_feature_that_visibly_paints_and_names_it(bench):
+    """Issue 21: the default feature (0) changed the image by at most a few grey levels."""
+    import numpy as np
+    from PIL import Image
+
+    from app import DEFAULT_PROMPT
+
+    needs_shipped_saes(bench)
+    feature = bench.default_paint_feature(BLOCK)
+    original, edited, _, _, info = bench.paint(DEFAULT_PROMPT, 4, 0, BLOCK, feature, "", 3, "all", None,
+                                               progress=no_progress)
+    change = np.abs(np.asarray(Image.open(edited)).astype(int) - np.asarray(Image.open(original)).astype(int))
+    assert change.max() > 60
+    label = bench.library.card(BLOCK, feature)["label"]
+    assert info.startswith(f"{BLOCK} feature {feature} ({label})")
+
+
+def test_strokes_painted_before_the_image_was_loaded_get_a_message(bench):
+    import numpy as np
+
+    needs_shipped_saes(bench)
+    layer = np.zeros((600, 800, 4), np.uint8)
+    layer[100:140, 100:300, 3] = 255
+    with pytest.raises(gr.Error, match='click "Load image to paint on" first'):
+        bench.paint("a red circle", 1, 0, BLOCK, 0, "", 3, "all", {"background": None, "layers": [layer],
+                                                                 "composite": None}, progress=no_progress)
+
+
+def test_an_icon_says_when_it_draws_another_strength_than_asked(bench):
+    needs_shipped_saes(bench)
+    _, info = bench.feature_icon(BLOCK, 3, "", -0.5, progress=no_progress)
+    assert "strength -0.5 is drawn as 1" in info
