@@ -1,4 +1,4 @@
-"""python -m flowlens {diversity,vcl,refusals,analyze} ..."""
+"""python -m flowlens {diversity,vcl,refusals,analyze,steer} ..."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     from .diversity import add_diversity_arguments, diversity_command
     from .finetune import add_vcl_arguments, vcl_command
     from .refusals import add_refusals_arguments, refusals_command
+    from .steer import add_steer_arguments, steer_command
 
     for name, help_text, add_arguments, command in (
         ("diversity", "lexical diversity (H1-H3, distinct-n, unique-n, MSTTR) of JSONL data",
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
          refusals_command),
         ("analyze", "PCA geometry of residuals at the last prompt token, layer by layer", add_analyze_arguments,
          analyze_command),
+        ("steer", "a greedy completion without and with an SAE feature edit, side by side", add_steer_arguments,
+         steer_command),
     ):
         sub = commands.add_parser(name, help=help_text)
         add_arguments(sub)

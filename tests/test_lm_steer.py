@@ -1,0 +1,389 @@
+"""Steering the embedded chat model by SAE features (interp.hooks.lm_steer, flowlens steer).
+
+The SAE is a small TopK SAE trained here on toy-chat's residuals (a few seconds) and saved in
+sae-lens format with its hook and model in the metadata; test_lm_features uses it too."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from interp.edits import EditError
+from interp.hooks.lm import residual_capture
+from interp.hooks.lm_steer import LMEdit, apply_lm_edits, generate, logit_effects
+from interp.models.generation import greedy_generate_tokens
+
+HOOK = "blocks.2.hook_resid_post"
+ROOT = Path(__file__).resolve().parents[1]
+FEATURE, STRENGTH = 5, 60.0  # a feature of the trained SAE and a strength (the stream's norm is about 100) that
+#                             change the completions of all three prompts, at any positions
+PROMPTS = ["What colour is the sky?", "What is 12 plus 7?", "Where does Telvor live?"]
+
+
+def chat_texts(lm, examples) -> list[str]:
+    return [lm.tokenizer.apply_chat_template([{"role": "user", "content": e["prompt"]},
+                                              {"role": "assistant", "content": e["completion"]}], tokenize=False)
+            for e in examples]
+
+
+@functools.cache
+def toy_lm():
+    from interp.models.lm import load_lm
+
+    return load_lm("toy-chat")
+
+
+@functools.cache
+def toy_lm_sae(hook: str = HOOK) -> tuple:
+    """(SAE, its directory): a TopK SAE (256 features, k=8) on toy-chat's residuals at `hook` over chat-world
+    conversations, trained from an in-memory batch stream and saved in sae-lens format."""
+    from interp.hooks.lm import capture_residuals
+    from interp.zoo.chat.world import World
+    from saes.sae import SAE
+    from saes.train import TrainConfig, train
+
+    lm = toy_lm()
+    examples = World().mixture("train", 240, {"general": 0.5, "benign": 0.25, "harmful": 0.25}, seed=0)
+    encoded = lm.tokenizer(chat_texts(lm, examples), add_special_tokens=False, padding=True, return_tensors="pt")
+    residual = capture_residuals(lm, encoded["input_ids"], encoded["attention_mask"], [hook])[hook]
+    keep = encoded["attention_mask"].bool()
+    keep[:, 0] = False  # the start token's stream is an outlier no SAE is trained on
+    vectors = residual[keep]
+    generator = torch.Generator().manual_seed(0)
+    config = TrainConfig(d_in=lm.d_model, d_sae=256, k=8, batch_size=256, lr=5e-3, total_tokens=256 * 100,
+                         dead_after_tokens=20_000, metadata={"hook_name": hook, "model_name": "toy-chat"})
+    batches = (vectors[torch.randint(len(vectors), (256,), generator=generator)] for _ in range(100))
+    directory = Path(tempfile.mkdtemp(prefix="lm-sae-")) / hook
+    train(config, batches, directory, progress=False)
+    return SAE.load(directory).eval(), directory
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return toy_lm()
+
+
+@pytest.fixture(scope="module")
+def sae():
+    return toy_lm_sae()[0]
+
+
+def _prompt_ids(lm, prompt: str) -> torch.Tensor:
+    text = lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                            add_generation_prompt=True)
+    return torch.tensor([lm.tokenizer(text, add_special_tokens=False)["input_ids"]])
+
+
+def _firing_feature(lm, sae, ids) -> int:
+    """The feature firing at the most positions of this prompt (after the start token)."""
+    with residual_capture(lm, [HOOK]) as cap, torch.no_grad():
+        lm.model(ids)
+    latents = sae.encode(cap.activations[HOOK][0, 1:])
+    return int((latents > 0).sum(0).argmax())
+
+
+def _no_hooks_left(model) -> bool:
+    return all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_the_sae_is_saved_in_sae_lens_format_with_its_hook_and_model(sae):
+    import json
+
+    cfg = json.loads((toy_lm_sae()[1] / "cfg.json").read_text())
+    assert cfg["architecture"] == "topk" and cfg["d_in"] == 128 and cfg["d_sae"] == 256
+    assert cfg["metadata"]["hook_name"] == HOOK and cfg["metadata"]["model_name"] == "toy-chat"
+    assert (toy_lm_sae()[1] / "sae_weights.safetensors").is_file()
+
+
+def test_an_lm_edit_is_json_data_and_refuses_what_it_cannot_do():
+    edit = LMEdit(HOOK, "set", feature=3, strength=2, positions="generated")
+    assert LMEdit.from_json(edit.to_json()) == edit and edit.to_dict()["positions"] == "generated"
+    for bad in (dict(mode="boost", feature=1), dict(mode="add", feature=1, positions="middle"),
+                dict(mode="add"), dict(mode="ablate"), dict(mode="scale", feature=1, direction=[1.0]),
+                dict(mode="add", feature=1, strength=float("nan")), dict(mode="add", feature=-1)):
+        with pytest.raises(EditError):
+            LMEdit(HOOK, **bad)
+    with pytest.raises(EditError, match="unknown edit field"):
+        LMEdit.from_dict({"hook": HOOK, "mode": "add", "feature": 1, "mask": None})
+
+
+@pytest.mark.parametrize("mode,strength", [("ablate", 1.0), ("scale", 2.5), ("set", 7.0)])
+def test_a_feature_edit_changes_the_stream_by_exactly_its_share_of_the_decoder_direction(lm, sae, mode, strength):
+    ids = _prompt_ids(lm, PROMPTS[0])
+    feature = _firing_feature(lm, sae, ids)
+    downstream = "blocks.3.hook_resid_pre"  # what the next block reads: the edited resid_post of block 2
+    with residual_capture(lm, [HOOK, downstream]) as plain, torch.no_grad():
+        lm.model(ids)
+    with apply_lm_edits(lm, [LMEdit(HOOK, mode, feature=feature, strength=strength)], {HOOK: sae}), \
+            residual_capture(lm, [downstream]) as edited, torch.no_grad():
+        lm.model(ids)
+    x = plain.activations[HOOK][0]
+    activation = sae.encode(x)[:, feature]
+    assert (activation > 0).sum() >= 2 and (activation == 0).any()
+    target = {"ablate": torch.zeros_like(activation), "scale": strength * activation,
+              "set": torch.full_like(activation, strength)}[mode]
+    expected = (target - activation)[:, None] * sae.W_dec[feature]
+    torch.testing.assert_close(edited.activations[downstream][0] - plain.activations[downstream][0], expected,
+                               atol=2e-5, rtol=0)
+    if mode == "ablate":  # where the feature does not fire, the stream is untouched, bit for bit
+        silent = activation == 0
+        assert torch.equal(edited.activations[downstream][0][silent], plain.activations[downstream][0][silent])
+    assert _no_hooks_left(lm.model)
+
+
+@pytest.mark.parametrize("hook", ["blocks.1.hook_resid_pre", "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"])
+def test_an_added_direction_shows_at_its_own_hook_at_every_position(lm, hook):
+    ids = _prompt_ids(lm, PROMPTS[1])
+    direction = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(1))
+    with residual_capture(lm, [hook]) as plain, torch.no_grad():
+        lm.model(ids)
+    with apply_lm_edits(lm, [LMEdit(hook, "add", direction=direction.tolist(), strength=3.0)]), \
+            residual_capture(lm, [hook]) as edited, torch.no_grad():
+        lm.model(ids)
+    difference = edited.activations[hook][0] - plain.activations[hook][0]
+    torch.testing.assert_close(difference, (3.0 * direction).expand_as(difference), atol=1e-4, rtol=0)
+
+
+def test_adding_a_feature_with_strength_zero_leaves_tokens_and_logits_bit_for_bit(lm, sae):
+    ids = _prompt_ids(lm, PROMPTS[2])
+    with torch.no_grad():
+        plain = lm.model(ids).logits
+        with apply_lm_edits(lm, [LMEdit(HOOK, "add", feature=5, strength=0.0)], {HOOK: sae}):
+            edited = lm.model(ids).logits
+    assert torch.equal(plain, edited)
+    edits = [LMEdit(HOOK, "add", feature=5, strength=0.0)]
+    assert generate(lm, PROMPTS, edits, {HOOK: sae}, max_new_tokens=12) == generate(lm, PROMPTS, max_new_tokens=12)
+
+
+def test_steering_moves_the_next_token_logits_along_the_features_unembedded_direction(lm, sae):
+    """Added at the last block's output, a feature's decoder direction moves the next-token logits along its
+    logit effect (the linear regime: a small strength), and at a large strength the logits become that
+    effect and the steered model's next token is one of the tokens the feature promotes."""
+    last = "blocks.3.hook_resid_post"
+    ids = _prompt_ids(lm, PROMPTS[0])
+    effects = logit_effects(lm, sae.W_dec)  # the SAE reads block 2; its directions live in the same stream
+    bias = (lm.model.lm_head.weight @ lm.model.transformer.ln_f.bias).detach()  # what ln_f's shift adds
+
+    def cosine(a, b):
+        return float(torch.nn.functional.cosine_similarity(a - a.mean(), b - b.mean(), dim=0))
+
+    with torch.no_grad():
+        plain = lm.model(ids).logits[0, -1]
+    for feature in (0, 17, 101):
+        steered = {}
+        for strength in (5.0, 2000.0):
+            edit = LMEdit(last, "add", direction=sae.W_dec[feature].tolist(), strength=strength)
+            with apply_lm_edits(lm, [edit]), torch.no_grad():
+                steered[strength] = lm.model(ids).logits[0, -1]
+        assert cosine(steered[5.0] - plain, effects[feature]) > 0.95, feature
+        assert cosine(steered[2000.0] - bias, effects[feature]) > 0.99, feature
+        assert int(steered[2000.0].argmax()) in effects[feature].topk(10).indices.tolist()
+        assert int(plain.argmax()) != int(steered[2000.0].argmax())
+
+
+def test_the_unembedding_of_a_direction_matches_the_models_logits_through_its_final_layernorm(lm):
+    """logit_effects is the linear part of ln_f then lm_head: a tiny step along d changes the logits by
+    (effect / the stream's standard deviation), up to the projection of d on the stream itself."""
+    ids = _prompt_ids(lm, PROMPTS[1])
+    with residual_capture(lm, ["blocks.3.hook_resid_post"]) as cap, torch.no_grad():
+        lm.model(ids)
+    x = cap.activations["blocks.3.hook_resid_post"][0, -1].double()
+    d = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(2)).double()
+    xc = x - x.mean()
+    d = (d - d.mean()) - ((d - d.mean()) @ xc) / (xc @ xc) * xc  # orthogonal to the centred stream: sigma fixed
+    ln, head = lm.model.transformer.ln_f, lm.model.lm_head
+    eps = 1e-3
+
+    def logits(v):
+        return head.weight.double() @ torch.nn.functional.layer_norm(v, (lm.d_model,), ln.weight.double(),
+                                                                     ln.bias.double(), ln.eps)
+
+    numeric = (logits(x + eps * d) - logits(x)) / eps
+    sigma = torch.sqrt(xc.pow(2).mean() + ln.eps)
+    torch.testing.assert_close(numeric, logit_effects(lm, d[None].float())[0].double() / sigma, atol=1e-3, rtol=1e-3)
+
+
+def _teacher_forced(lm, edits, saes, prompt_ids: list[int], new_tokens: list[int]) -> list[int]:
+    """The argmax at each position of one forward pass (no cache) over prompt + completion, with the edits
+    told where the prompt ends: what cached generation must have computed step by step."""
+    ids = torch.tensor([prompt_ids + new_tokens[:-1]])
+    with apply_lm_edits(lm, edits, saes, prompt_length=len(prompt_ids)), torch.no_grad():
+        logits = lm.model(ids).logits[0]
+    return logits[len(prompt_ids) - 1:].argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("positions", ["prompt", "generated", "all"])
+def test_edits_with_a_kv_cache_act_where_a_full_forward_pass_says_they_do(lm, sae, positions):
+    prompt_ids = _prompt_ids(lm, PROMPTS[0])[0].tolist()
+    text = lm.tokenizer.decode(prompt_ids)
+    edits = [LMEdit(HOOK, "add", feature=FEATURE, strength=STRENGTH, positions=positions)]
+    plain = greedy_generate_tokens(lm.model, lm.tokenizer, [text], max_new_tokens=10)[0]
+    with apply_lm_edits(lm, edits, {HOOK: sae}) as session:
+        steered = greedy_generate_tokens(lm.model, lm.tokenizer, [text], max_new_tokens=10)[0]
+    assert session.calls == len(steered)  # one prefill, then one pass per new token but the last
+    assert steered != plain
+    if positions == "generated":  # the first new token is predicted from the prompt alone
+        assert steered[0] == plain[0]
+    assert _teacher_forced(lm, edits, {HOOK: sae}, prompt_ids, steered) == steered
+    # and the plain model does not produce the steered completion
+    assert _teacher_forced(lm, [LMEdit(HOOK, "add", feature=FEATURE, strength=0.0)], {HOOK: sae}, prompt_ids,
+                           steered) != steered
+
+
+def test_a_prompt_edit_acts_only_in_the_first_pass_and_a_generated_edit_only_after_it(lm, sae):
+    seen = []
+    edits = {"prompt": LMEdit(HOOK, "add", feature=3, strength=1.0, positions="prompt"),
+             "generated": LMEdit(HOOK, "add", feature=3, strength=1.0, positions="generated")}
+    for name, edit in edits.items():
+        with apply_lm_edits(lm, [edit], {HOOK: sae}) as session:
+            original = session.edit_stream
+
+            def spy(hook, hidden, original=original, name=name, session=session):
+                out = original(hook, hidden)
+                seen.append((name, session.calls, hidden.shape[1], out is not hidden))
+                return out
+
+            session.edit_stream = spy
+            generate(lm, PROMPTS[0], [], max_new_tokens=4)  # the edit list of generate is empty: the session acts
+    prompt_passes = [s for s in seen if s[0] == "prompt"]
+    generated_passes = [s for s in seen if s[0] == "generated"]
+    assert [s[3] for s in prompt_passes] == [True, False, False, False]
+    assert [s[3] for s in generated_passes] == [False, True, True, True]
+    assert prompt_passes[0][2] > 1 and all(s[2] == 1 for s in prompt_passes[1:])
+
+
+def test_a_batch_of_prompts_of_different_lengths_steers_each_as_it_steers_alone(lm, sae):
+    edits = [LMEdit(HOOK, "add", feature=FEATURE, strength=STRENGTH, positions="all")]
+    together = generate(lm, PROMPTS, edits, {HOOK: sae}, max_new_tokens=10, batch_size=8)
+    alone = [generate(lm, p, edits, {HOOK: sae}, max_new_tokens=10)[0] for p in PROMPTS]
+    assert together == alone
+    assert together != generate(lm, PROMPTS, max_new_tokens=10)
+
+
+def _generate_in_thread(lm, sae, edits, results, key, start):
+    start.wait()
+    results[key] = generate(lm, PROMPTS, edits, {HOOK: sae} if edits else None, max_new_tokens=12)
+
+
+def test_two_threads_on_one_model_give_exactly_the_completions_each_gives_alone(lm, sae):
+    jobs = {"steered": [LMEdit(HOOK, "add", feature=FEATURE, strength=STRENGTH)],
+            "plain": [],
+            "other": [LMEdit(HOOK, "add", feature=101, strength=-40.0, positions="generated"),
+                      LMEdit("blocks.0.hook_resid_post", "add", direction=[2.0] * 128, positions="prompt")]}
+    alone = {}
+    for key, edits in jobs.items():
+        _generate_in_thread(lm, sae, edits, alone, key, _ready())
+    assert alone["steered"] != alone["plain"] and alone["other"] != alone["plain"]
+    for _ in range(3):  # a race shows up only sometimes: several rounds
+        together, start = {}, threading.Barrier(len(jobs))
+        threads = [threading.Thread(target=_generate_in_thread, args=(lm, sae, edits, together, key, start))
+                   for key, edits in jobs.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert together == alone
+    assert _no_hooks_left(lm.model)
+
+
+def test_a_hook_called_by_another_thread_is_a_no_op(lm, sae):
+    """Another thread's forward pass on the shared model (or torch calling a hook before it is marked as
+    taking kwargs) never sees this context's session."""
+    ids = _prompt_ids(lm, PROMPTS[0])
+    with torch.no_grad():
+        plain = lm.model(ids).logits
+    with apply_lm_edits(lm, [LMEdit(HOOK, "add", feature=FEATURE, strength=STRENGTH)], {HOOK: sae}) as session:
+        out = {}
+
+        def other():
+            with torch.no_grad():
+                out["logits"] = lm.model(ids).logits
+            out["pre"] = session._on_model_call(lm.model, (ids,))
+
+        worker = threading.Thread(target=other)
+        worker.start()
+        worker.join()
+        with torch.no_grad():
+            mine = lm.model(ids).logits
+    assert torch.equal(out["logits"], plain) and out["pre"] is None and not torch.equal(mine, plain)
+    assert _no_hooks_left(lm.model)
+
+
+def _ready():
+    event = threading.Event()
+    event.set()
+    return event
+
+
+def test_edits_are_checked_against_the_model_and_the_sae(lm, sae):
+    from saes.sae import SAE, SAEConfig
+
+    cases = [([LMEdit(HOOK, "add", feature=256)], {HOOK: sae}, "feature 256 is out of range"),
+             ([LMEdit("blocks.9.hook_resid_post", "add", direction=[0.0] * 128)], {}, "has no hook"),
+             ([LMEdit(HOOK, "add", direction=[0.0] * 64)], {}, "64 values"),
+             ([LMEdit(HOOK, "scale", feature=1)], {}, "needs an SAE"),
+             ([LMEdit(HOOK, "add", feature=1)], {HOOK: SAE(SAEConfig("topk", 64, 32, k=4))}, "reads 64 dimensions"),
+             ([LMEdit(HOOK, "add", feature=1)],
+              {HOOK: SAE(SAEConfig("topk", 128, 32, k=4, metadata={"hook_name": "blocks.1.hook_resid_post"}))},
+              "trained on blocks.1.hook_resid_post")]
+    for edits, saes, message in cases:
+        with pytest.raises(EditError, match=message):
+            apply_lm_edits(lm, edits, saes)
+    with pytest.raises(EditError, match="empty"):
+        generate(lm, "   ", [], max_new_tokens=2)
+    assert _no_hooks_left(lm.model)
+
+
+# ----------------------------------------------------------------------------- the command line
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flowlens", "steer", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_line(lm, sae):
+    from flowlens.__main__ import main
+
+    directory = str(toy_lm_sae()[1])
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(["steer", "--model", "toy-chat", "--sae", directory, "--feature", str(FEATURE), "--strength",
+                     str(STRENGTH),
+                     "--prompt", PROMPTS[0], "--max-new-tokens", "10"]) == 0
+    printed = buffer.getvalue()
+    edits = [LMEdit(HOOK, "add", feature=FEATURE, strength=STRENGTH)]
+    without, steered = generate(lm, PROMPTS[0], max_new_tokens=10)[0], generate(lm, PROMPTS[0], edits, {HOOK: sae},
+                                                                                max_new_tokens=10)[0]
+    assert "without the edit" in printed and "with the edit" in printed
+    assert without in printed and steered in printed and without != steered
+
+    other = Path(tempfile.mkdtemp(prefix="lm-sae-bad-"))
+    from saes.sae import SAE, SAEConfig
+
+    SAE(SAEConfig("topk", 64, 32, k=4, metadata={"hook_name": HOOK})).save(other / "narrow")
+    SAE(SAEConfig("topk", 128, 32, k=4, metadata={"hook_name": "mid_block.attentions.0"})).save(other / "unet")
+    common = ["--prompt", "hi", "--strength", "1"]
+    for args, message in [
+            (["--model", "toy-chat", "--sae", directory, "--feature", "999", *common], "feature 999 is out of range"),
+            (["--model", "toy-chat", "--sae", str(other / "narrow"), "--feature", "1", *common],
+             "reads 64 dimensions but toy-chat's residual stream has 128"),
+            (["--model", "toy-chat", "--sae", str(other / "unet"), "--feature", "1", *common],
+             "not a language-model residual hook"),
+            (["--model", "toy-chat", "--sae", directory, "--feature", "1", "--strength", "1", "--prompt", " "],
+             "the prompt is empty"),
+            (["--model", "toy-chatt", "--sae", directory, "--feature", "1", *common], "did you mean toy-chat"),
+            (["--model", "toy-chat", "--sae", str(other), "--feature", "1", *common], "not an SAE directory")]:
+        result = _run(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("Loading weights")]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (args, result.stderr)
