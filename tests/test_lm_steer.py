@@ -348,19 +348,14 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
 
 
-def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_line(lm, sae):
+def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_line(lm, sae, capsys):
     from flowlens.__main__ import main
 
     directory = str(toy_lm_sae()[1])
-    import contextlib
-    import io
-
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        assert main(["steer", "--model", "toy-chat", "--sae", directory, "--feature", str(FEATURE), "--strength",
-                     str(STRENGTH),
-                     "--prompt", PROMPTS[0], "--max-new-tokens", "10"]) == 0
-    printed = buffer.getvalue()
+    capsys.readouterr()
+    assert main(["steer", "--model", "toy-chat", "--sae", directory, "--feature", str(FEATURE), "--strength",
+                 str(STRENGTH), "--prompt", PROMPTS[0], "--max-new-tokens", "10"]) == 0
+    printed = capsys.readouterr().out
     edits = [LMEdit(HOOK, "add", feature=FEATURE, strength=STRENGTH)]
     without, steered = generate(lm, PROMPTS[0], max_new_tokens=10)[0], generate(lm, PROMPTS[0], edits, {HOOK: sae},
                                                                                 max_new_tokens=10)[0]
@@ -383,7 +378,11 @@ def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_lin
              "the prompt is empty"),
             (["--model", "toy-chatt", "--sae", directory, "--feature", "1", *common], "did you mean toy-chat"),
             (["--model", "toy-chat", "--sae", str(other), "--feature", "1", *common], "not an SAE directory")]:
-        result = _run(*args)
-        assert result.returncode == 2, (args, result.stderr)
-        lines = [line for line in result.stderr.strip().splitlines() if not line.startswith("Loading weights")]
-        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (args, result.stderr)
+        capsys.readouterr()
+        status = main(["steer", *args])
+        lines = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("Loading")]
+        assert status == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (args, lines)
+    # the real command line: the same one line and exit status 2
+    result = _run("--model", "toy-chat", "--sae", directory, "--feature", "256", *common)
+    assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == \
+        "error: feature 256 is out of range: the SAE has 256 features, 0 to 255"
