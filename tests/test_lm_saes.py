@@ -231,6 +231,21 @@ def test_sae_trained_on_an_lm_store_loads_in_sae_lens_and_attaches_to_a_hooked_t
     assert (attached - clean).abs().max() > 0.1  # the SAE really is in the forward pass
 
 
+@pytest.mark.parametrize("architecture", ["batchtopk", "standard"])
+def test_sae_lens_architectures_train_on_an_lm_store_and_keep_its_hook(architecture, store, tmp_path):
+    import sae_lens
+
+    out = tmp_path / architecture
+    assert saes_main(["train", "--store", str(store), "--block", HOOK, "--out", str(out), "--architecture",
+                      architecture, "--d-sae", "128", "--k", "8", "--batch-size", "500", "--tokens", "1500",
+                      "--threads", "1"]) == 0
+    lens = sae_lens.SAE.load_from_disk(str(out))
+    assert (lens.cfg.metadata.hook_name, lens.cfg.metadata.model_name, lens.cfg.d_in) == (HOOK, "toy-chat", 128)
+    x = next(ActivationStore(store).batches(HOOK, batch_size=64, shuffle=False))
+    with torch.no_grad():
+        torch.testing.assert_close(SAE.load(out)(x), lens(x), rtol=1e-4, atol=1e-4)
+
+
 def test_replacement_hooks_match_transformer_lens_and_never_stay_registered(lm):
     from interp.models.lm import load_lm
 
@@ -308,7 +323,7 @@ def test_eval_refuses_an_sae_that_does_not_fit_the_model(tmp_path, capsys):
     wide = _identity_sae(96)
     wide.save(tmp_path / "wide")
     assert saes_main(["eval", "--sae", str(tmp_path / "wide"), "--model", "toy-chat", "--text", str(text)]) == 2
-    assert "d_in=96" in _one_line_error(capsys) 
+    assert "d_in=96" in _one_line_error(capsys)
     elsewhere = _identity_sae(128)
     elsewhere.cfg.metadata["hook_name"] = "blocks.9.hook_resid_post"
     elsewhere.save(tmp_path / "elsewhere")
