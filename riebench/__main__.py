@@ -96,14 +96,19 @@ def _execute(args, configs, model) -> int:
 
 
 def _run(args) -> int:
-    from .methods import MethodConfig
+    from .methods import METHODS, MethodConfig, MethodError, parse_method_name
 
     model = _load_model(args)
-    method, variant = ("sae", "adaptive") if args.method == "sae-adaptive" else (args.method, args.variant)
+    method, variant = parse_method_name(args.method)
+    if args.variant is not None and args.variant != variant:
+        if variant != METHODS[method].variants[0]:
+            raise MethodError(f"--method {args.method} names the variant {variant}; --variant {args.variant} "
+                              f"contradicts it")
+        variant = args.variant
     configs = [MethodConfig(method, k, m, list(args.blocks), variant) for k in args.k_trans for m in args.m]
-    if method == "prompt-swap":
+    if not configs[0].edits_blocks:
         configs = configs[:1]
-    if args.per_block and len(args.blocks) > 1 and method != "prompt-swap":
+    if args.per_block and len(args.blocks) > 1 and configs[0].edits_blocks:
         configs += [MethodConfig(method, k, m, [b], variant) for k in args.k_trans for m in args.m
                     for b in args.blocks]
     return _execute(args, configs, model)
@@ -126,7 +131,7 @@ def _report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .methods import METHODS
+    from .methods import VARIANTS, method_names
     from .tasks import MAX_PER_CATEGORY, SHAPES_CATEGORIES
 
     parser = argparse.ArgumentParser(prog="python -m riebench",
@@ -147,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     t.set_defaults(run=_tasks)
 
     r = commands.add_parser("run", help="run one method (a grid of k_trans x m) over a suite (resumable)")
-    r.add_argument("--method", default="sae", choices=list(METHODS) + ["sae-adaptive"])
-    r.add_argument("--variant", default="static", choices=("static", "adaptive"), help="sae only")
+    r.add_argument("--method", default="sae", choices=method_names())
+    r.add_argument("--variant", default=None, choices=VARIANTS,
+                   help="the method's variant (sae: static or adaptive; the same as --method sae-adaptive)")
     r.add_argument("--k-trans", type=int, nargs="+", default=[5], help="features added and subtracted")
     r.add_argument("--m", type=float, nargs="+", default=[1.0], help="multiplier")
     r.add_argument("--per-block", action="store_true", help="also run the method restricted to each block")
@@ -156,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(run=_run)
 
     s = commands.add_parser("sweep", help="the k_trans x m grid of every method, the baselines and the prompt swap")
-    s.add_argument("--methods", nargs="+", default=["sae", "sae-adaptive", "neurons", "activation-diff"],
-                   choices=[m for m in METHODS if m != "prompt-swap"] + ["sae-adaptive"])
+    s.add_argument("--methods", nargs="+", default=method_names(edits_blocks=True),
+                   choices=method_names(edits_blocks=True), help="the prompt swap is always run")
     s.add_argument("--k-trans", type=int, nargs="+", default=[1, 5, 20])
     s.add_argument("--m", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     s.add_argument("--per-block", action="store_true", help="also run each method restricted to each block")

@@ -46,7 +46,7 @@ from interp.models.t2i import SDXL_BLOCKS
 
 from .tasks import Task, TaskError
 
-VARIANTS = ("static", "adaptive")
+VARIANTS = ("static", "adaptive")  # every variant of any method (the UI's choice)
 
 
 def short_block_name(block: str) -> str:
@@ -88,15 +88,37 @@ class MethodConfig:
         self.blocks = [block_name(b) for b in self.blocks]
         if not self.blocks:
             raise MethodError("no block given")
-        if self.variant not in VARIANTS:
-            raise MethodError(f"variant must be one of {', '.join(VARIANTS)}, not {self.variant!r}")
+        variants = METHODS[self.method].variants
+        if self.variant not in variants:
+            raise MethodError(f"{self.method} has the variant(s) {', '.join(variants)}, not {self.variant!r}")
+
+    @classmethod
+    def named(cls, name: str, **knobs) -> "MethodConfig":
+        """The configuration of a method by its CLI name (``sae``, ``sae-adaptive``: see ``method_names``)."""
+        method, variant = parse_method_name(name)
+        return cls(method, variant=variant, **knobs)
+
+    @property
+    def method_name(self) -> str:
+        """The method with its variant, as the CLI names it: ``sae``, ``sae-adaptive``, ``neurons``."""
+        default = METHODS[self.method].variants[0]
+        return self.method if self.variant == default else f"{self.method}-{self.variant}"
+
+    @property
+    def edits_blocks(self) -> bool:
+        return METHODS[self.method].edits_blocks
+
+    @property
+    def block(self) -> str | None:
+        """The one block this configuration edits, or None (several, or none)."""
+        return self.blocks[0] if self.edits_blocks and len(self.blocks) == 1 else None
 
     @property
     def label(self) -> str:
         """A short name for tables and plots: method, variant, blocks (unless SDXL's four): one block by
         its name, several by short names (`sae@down2.1+mid+up0.0+up0.1+up1.1+up1.2`)."""
-        name = self.method + ("-adaptive" if self.method == "sae" and self.variant == "adaptive" else "")
-        if self.method == "prompt-swap":  # edits no block
+        name = self.method_name
+        if not self.edits_blocks:
             return name
         if len(self.blocks) == 1:
             name += "@" + self.blocks[0]
@@ -106,8 +128,8 @@ class MethodConfig:
 
     def key(self) -> str:
         """A file-safe identity of the configuration (its results directory)."""
-        if self.method == "prompt-swap":
-            return "prompt-swap"
+        if not self.edits_blocks:
+            return self.method_name
         key = f"{self.label.replace('@', '__').replace('+', '_')}__k{self.k_trans}__m{self.multiplier:g}"
         if len(key) > 160:  # many blocks: keep the name within file-system limits (255 bytes), still unique
             import hashlib
@@ -125,6 +147,23 @@ class MethodConfig:
 
 
 METHODS: dict[str, type] = {}
+
+
+def method_names(edits_blocks: bool | None = None) -> list[str]:
+    """Every runnable method by name, variants as ``method-variant`` (the first variant is the plain name);
+    ``edits_blocks`` True/False: only the methods that do/do not edit blocks."""
+    return [name if i == 0 else f"{name}-{variant}" for name, cls in METHODS.items()
+            if edits_blocks is None or cls.edits_blocks == edits_blocks for i, variant in enumerate(cls.variants)]
+
+
+def parse_method_name(name: str) -> tuple[str, str]:
+    """(method, variant) of a name from ``method_names``; a MethodError listing them otherwise."""
+    if name in METHODS:
+        return name, METHODS[name].variants[0]
+    method, _, variant = name.rpartition("-")
+    if method in METHODS and variant in METHODS[method].variants:
+        return method, variant
+    raise MethodError(f"unknown method {name!r}; the methods are: {', '.join(method_names())}")
 
 
 def register_method(name: str):
@@ -254,6 +293,8 @@ class Method:
     name = "method"
     needs_neurons = False
     needs_saes = False
+    variants: tuple[str, ...] = ("static",)  # the first is the default; others are named "method-variant"
+    edits_blocks = True                       # False: a reference that edits no block (its blocks are ignored)
 
     def __init__(self, model, saes: dict | None = None):
         self.model = model
@@ -274,6 +315,8 @@ class Method:
 class PromptSwap(Method):
     """The reference: the edited prompt, generated with the same seed."""
 
+    edits_blocks = False
+
     def plan(self, ctx, config):
         return EditPlan(prompt=ctx.task.edited)
 
@@ -281,6 +324,7 @@ class PromptSwap(Method):
 @register_method("sae")
 class SAEFeatureTransport(Method):
     needs_saes = True
+    variants = ("static", "adaptive")
 
     def check(self, config):
         super().check(config)
@@ -447,5 +491,5 @@ def load_saes(directory: str | Path, blocks: list[str]) -> dict:
     return found
 
 
-__all__ = ["METHODS", "MethodConfig", "MethodError", "EditPlan", "TaskContext", "TaskError", "load_saes",
+__all__ = ["METHODS", "method_names", "parse_method_name", "MethodConfig", "MethodError", "EditPlan", "TaskContext", "TaskError", "load_saes",
            "make_method", "prepare_task", "register_method", "run_plan"]

@@ -23,6 +23,7 @@ import numpy as np
 
 from interp.zoo import shapes
 
+from .categories import ATTRIBUTES, SHAPES_CATEGORY_REGISTRY
 from .tasks import Task
 
 _PROBE = None
@@ -50,22 +51,12 @@ def as_array(image) -> np.ndarray:
 
 
 def edit_success(task: Task, reading: shapes.ProbeReading) -> float:
-    """1.0 when the probe reads the edit's target in the target region of the edited image."""
-    original, target = task.scenes()
-    p, q = task.source_position, task.target_position
-    if task.category == "change background":
-        return float(reading.background == target.background)
-    if task.category == "delete object":
-        return float(reading.at(p) is None)
-    wanted = next(o for o in target.objects if o.position == q)
-    found = reading.at(q)
-    if found is None:
-        return 0.0
-    if task.category == "move object":
-        return float(found.shape == wanted.shape and found.colour == wanted.colour and reading.at(p) is None)
-    if task.category == "add object":
-        return float(found.shape == wanted.shape and found.colour == wanted.colour)
-    return float(all(getattr(found, a) == getattr(wanted, a) for a in task.edited_attributes))
+    """1.0 when the probe reads the edit's target in the target region of the edited image (the category's
+    own test, ``riebench.categories``)."""
+    _, target = task.scenes()
+    category = SHAPES_CATEGORY_REGISTRY[task.category]
+    return float(category.success(target, reading, task.source_position, task.target_position,
+                                  task.edited_attributes))
 
 
 def attribute_preservation(task: Task, original_reading: shapes.ProbeReading,
@@ -76,9 +67,10 @@ def attribute_preservation(task: Task, original_reading: shapes.ProbeReading,
     the original generation (what the model drew), not the caption: preservation asks
     whether the edit changed anything else, not whether the model drew the caption.
     """
+    category = SHAPES_CATEGORY_REGISTRY[task.category]
     edited_cells = {c for c in (task.source_position, task.target_position) if c is not None}
     checks: list[bool] = []
-    if task.category != "change background":
+    if category.keeps_background:
         checks.append(edited_reading.background == original_reading.background)
     for obj in original_reading.objects:
         if obj.position in edited_cells:
@@ -86,11 +78,11 @@ def attribute_preservation(task: Task, original_reading: shapes.ProbeReading,
         after = edited_reading.at(obj.position)
         checks += [after is not None and getattr(after, a) == getattr(obj, a)
                    for a in ("shape", "colour", "size", "texture")]
-    if task.category not in ("add object", "delete object", "change background"):
+    if category.keeps_object:
         before = original_reading.at(task.source_position)
         # A move that failed leaves the object where it was: its attributes still count as kept.
         after = edited_reading.at(task.target_position) or edited_reading.at(task.source_position)
-        kept = [a for a in ("shape", "colour", "size", "texture") if a not in task.edited_attributes]
+        kept = [a for a in ATTRIBUTES if a not in task.edited_attributes]
         if before is not None:
             checks += [after is not None and getattr(after, a) == getattr(before, a) for a in kept]
     appeared = {o.position for o in edited_reading.objects} - {o.position for o in original_reading.objects}

@@ -26,16 +26,18 @@ import numpy as np
 
 from interp.atomic import atomic_write_text
 
+from .methods import MethodConfig
 from .runner import load_results
 
 MAIN_METRICS = ("success", "preservation", "outside_pixel_distance", "target_distance")
 
 
 def _config_id(result: dict) -> tuple:
-    c = result["config"]
-    if c["method"] == "prompt-swap":
-        return ("prompt-swap", 0, 0.0)
-    return (result["label"], c["k_trans"], c["multiplier"])
+    """(label, k_trans, m, method name, single block or None) of a result, from its configuration."""
+    config = MethodConfig.from_dict(result["config"])
+    if not config.edits_blocks:  # the prompt swap: one configuration whatever its knobs
+        return (config.method_name, 0, 0.0, config.method_name, None)
+    return (result["label"], config.k_trans, config.multiplier, config.method_name, config.block)
 
 
 def category_table(results: list[dict]) -> list[dict]:
@@ -45,9 +47,10 @@ def category_table(results: list[dict]) -> list[dict]:
         groups[_config_id(r) + (r["category"],)].append(r)
         groups[_config_id(r) + ("all",)].append(r)
     rows = []
-    for (label, k, m, category), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
-                                                                            kv[0][3] == "all", kv[0][3])):
-        row = {"method": label, "k_trans": k, "m": m, "category": category, "n": len(rs)}
+    for (label, k, m, name, block, category), rs in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][5] == "all", kv[0][5])):
+        row = {"method": label, "k_trans": k, "m": m, "category": category, "n": len(rs), "method_name": name,
+               "block": block}
         for metric in sorted({key for r in rs for key in r["metrics"]}):
             values = [r["metrics"][metric] for r in rs if metric in r["metrics"]]
             row[metric] = float(np.mean(values)) if values else None
@@ -70,12 +73,6 @@ def headline_table(rows: list[dict], min_preservation: float) -> list[dict]:
     return [best[k] for k in sorted(best)]
 
 
-def _split_label(label: str) -> tuple[str, str | None]:
-    """'sae@up_blocks.1.attentions.2' -> ('sae', that block); 'sae' or 'sae@down2.1+mid' -> (label, None)."""
-    method, _, blocks = label.partition("@")
-    return (method, blocks) if blocks and "+" not in blocks else (label, None)
-
-
 def best_matrix(headline: list[dict], per_block: bool) -> list[dict]:
     """The headline as one row per method (per_block False: configurations on all their blocks) or per
     method and single block (per_block True) and one column per category: the best success at the
@@ -83,7 +80,8 @@ def best_matrix(headline: list[dict], per_block: bool) -> list[dict]:
     Answers which method edits best per category, and which blocks matter for which category."""
     cells: dict[tuple[str, str | None], dict] = defaultdict(dict)
     for row in headline:
-        method, block = _split_label(row["method"])
+        # one block: the method's name and that block; several: the label, which names them
+        method, block = (row["method"], None) if row["block"] is None else (row["method_name"], row["block"])
         if (block is not None) != per_block:
             continue
         if row["success"] == 0:
@@ -109,7 +107,7 @@ def block_table(results: list[dict]) -> list[dict]:
             for category in (r["category"], "all"):
                 counts[_config_id(r) + (category,)][unit["block"]] += 1
     rows = []
-    for (label, k, m, category), per_block in sorted(counts.items()):
+    for (label, k, m, _, _, category), per_block in sorted(counts.items()):
         total = sum(per_block.values())
         row = {"method": label, "k_trans": k, "m": m, "category": category, "units": total}
         row.update({block: count / total for block, count in sorted(per_block.items())})
@@ -146,7 +144,7 @@ def tradeoff_curves(rows: list[dict]) -> dict[str, list[dict]]:
     curves: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         if row["category"] == "all" and row.get("success") is not None and row.get("preservation") is not None:
-            curves[row["method"]].append({k: row[k] for k in ("k_trans", "m", "success", "preservation")})
+            curves[row["method"]].append({k: row[k] for k in ("k_trans", "m", "success", "preservation", "block")})
     for points in curves.values():
         points.sort(key=lambda p: (-p["preservation"], p["success"]))
     return dict(curves)
@@ -198,7 +196,7 @@ def plot_tradeoff(curves: dict[str, list[dict]], png: Path, html: Path) -> list[
         import matplotlib.pyplot as plt
 
         # one curve per method on its full block set; single-block runs are in headline.md and the HTML
-        shown = {m: pts for m, pts in curves.items() if _split_label(m)[1] is None} or curves
+        shown = {m: pts for m, pts in curves.items() if pts[0]["block"] is None} or curves
         fig, ax = plt.subplots(figsize=(7, 5))
         for method, points in sorted(shown.items()):
             xs, ys = [p["preservation"] for p in points], [p["success"] for p in points]

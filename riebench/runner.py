@@ -27,7 +27,8 @@ import torch
 
 from interp.atomic import atomic_write, atomic_write_text
 
-from .methods import METHODS, MethodConfig, MethodError, load_saes, make_method, prepare_task, run_plan
+from .methods import (METHODS, MethodConfig, MethodError, load_saes, make_method, method_names, prepare_task,
+                      run_plan)
 from .metrics import RealImageMetrics, shapes_metrics
 from .tasks import ShapesSuiteConfig, Suite, TaskError, read_riebench_json, shapes_suite
 
@@ -251,15 +252,15 @@ def load_results(out: str | os.PathLike) -> tuple[list[dict], list[dict]]:
 
 
 def sweep_configs(k_values: list[int], multipliers: list[float], blocks: list[str],
-                  methods: tuple[str, ...] = ("sae", "sae-adaptive", "neurons", "activation-diff"),
+                  methods: tuple[str, ...] | None = None,
                   per_block: bool = False) -> list[MethodConfig]:
-    """The grid of k_trans x m for each method, the prompt swap, and (per_block) each block alone."""
+    """The grid of k_trans x m for each method (``method_names``; default: every method that edits blocks),
+    the prompt swap, and (per_block) each block alone."""
     configs = [MethodConfig("prompt-swap", blocks=list(blocks))]
-    for name in methods:
-        method, variant = ("sae", "adaptive") if name == "sae-adaptive" else (name, "static")
+    for name in methods or method_names(edits_blocks=True):
         for k in k_values:
             for m in multipliers:
-                configs.append(MethodConfig(method, k, m, list(blocks), variant))
+                configs.append(MethodConfig.named(name, k_trans=k, multiplier=m, blocks=list(blocks)))
                 if per_block and len(blocks) > 1:
-                    configs += [MethodConfig(method, k, m, [b], variant) for b in blocks]
+                    configs += [MethodConfig.named(name, k_trans=k, multiplier=m, blocks=[b]) for b in blocks]
     return configs

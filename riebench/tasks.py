@@ -19,12 +19,12 @@ Two kinds of suite:
 from __future__ import annotations
 
 import base64
-import dataclasses
 import difflib
 import json
 import os
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -33,25 +33,41 @@ import numpy as np
 from interp.atomic import atomic_write_text
 from interp.zoo import shapes
 
+from .categories import SHAPES_CATEGORY_REGISTRY, Draw
+
+class _RegistryView(Mapping):
+    """name -> the RIEBench category it mirrors, read from the category registry each time."""
+
+    def __init__(self, registry):
+        self._registry = registry
+
+    def __getitem__(self, name):
+        return self._registry[name].riebench
+
+    def __iter__(self):
+        return iter(self._registry)
+
+    def __len__(self):
+        return len(self._registry)
+
+
 # The public RIEBench categories, by `editing_type_id`.
 RIEBENCH_CATEGORIES = {
     "1": "change object", "2": "add object", "3": "delete object", "4": "change content", "5": "change pose",
     "6": "change color", "7": "change material", "8": "change background", "9": "change style",
 }
-# The shapes-world categories, each with the RIEBench category it mirrors.
-SHAPES_CATEGORIES = {
-    "change shape": "change object",
-    "add object": "add object",
-    "delete object": "delete object",
-    "change colour": "change color",
-    "change size": "change content",
-    "move object": "change pose",
-    "change texture": "change material",
-    "change background": "change background",
-    "change two attributes": "change style",  # the broadest edit of the world: two attributes at once
-}
-CATEGORIES = tuple(RIEBENCH_CATEGORIES.values()) + tuple(c for c in SHAPES_CATEGORIES if c not in
-                                                          RIEBENCH_CATEGORIES.values())
+# The shapes-world categories (riebench.categories), each with the RIEBench category it mirrors. A live view:
+# a category registered later (riebench.categories.register_category) is in it too.
+SHAPES_CATEGORIES = _RegistryView(SHAPES_CATEGORY_REGISTRY)
+
+
+def all_categories() -> tuple[str, ...]:
+    """RIEBench's categories, then the shapes world's that are not among them."""
+    return tuple(RIEBENCH_CATEGORIES.values()) + tuple(c for c in SHAPES_CATEGORIES
+                                                       if c not in RIEBENCH_CATEGORIES.values())
+
+
+CATEGORIES = all_categories()  # as at import; Task checks against all_categories()
 EVERYTHING = "#everything"
 BACKGROUND = "background"
 MASK_WORDS = (EVERYTHING, BACKGROUND)
@@ -118,9 +134,9 @@ class Task:
     edited_attributes: list[str] = field(default_factory=list)
 
     def __post_init__(self):
-        if self.category not in CATEGORIES:
+        if self.category not in all_categories():
             raise TaskError(f"task {self.id}: unknown category {self.category!r}; the categories are: "
-                            f"{', '.join(CATEGORIES)}")
+                            f"{', '.join(all_categories())}")
         for name in ("original_prompt", "editing_prompt"):
             if not isinstance(getattr(self, name), str) or not strip_brackets(getattr(self, name)):
                 raise TaskError(f"task {self.id}: field {name} must be a non-empty prompt")
@@ -435,64 +451,20 @@ def _cell_pixels(position: str) -> np.ndarray:
     return mask
 
 
-def _pick(rng: np.random.Generator, options) -> str:
-    """One of ``options`` drawn by ``rng``; sorted first, since a set's order changes with Python's string
-    hash seed from one process to the next (the suite was different in every process)."""
-    options = sorted(options)
-    return options[int(rng.integers(len(options)))]
-
-
 def _edit_one(rng: np.random.Generator, category: str, cfg: ShapesSuiteConfig):
     """One random edit of the category: (original, target, source position, target position, attributes)."""
+    if category not in SHAPES_CATEGORY_REGISTRY:
+        raise TaskError(f"unknown shapes-world category {category!r}; choose from {', '.join(SHAPES_CATEGORIES)}")
+    kind = SHAPES_CATEGORY_REGISTRY[category]
     n = int(rng.integers(1, cfg.max_objects + 1))
-    if category == "add object":
-        n = int(rng.integers(1, cfg.max_objects))
-    if category == "delete object":
-        n = int(rng.integers(2, cfg.max_objects + 1))
+    if kind.object_count is not None:
+        n = kind.object_count(rng, cfg.max_objects)
     original = shapes.sample_scene(rng, n)
     obj = original.objects[int(rng.integers(n))]
-    p = obj.position
-    others = [o for o in original.objects if o is not obj]
     free = [q for q in shapes.POSITIONS if q not in {o.position for o in original.objects}]
     colours = [c for c in shapes.COLOURS if c != original.background]
-    if category == "change shape":
-        return original, shapes.replace_object(original, p, shape=_pick(rng, set(shapes.SHAPES) - {obj.shape})), \
-            p, p, ["shape"]
-    if category == "change colour":
-        return original, shapes.replace_object(original, p, colour=_pick(rng, set(colours) - {obj.colour})), \
-            p, p, ["colour"]
-    if category == "change size":
-        return original, shapes.replace_object(original, p, size=_pick(rng, set(shapes.SIZES) - {obj.size})), \
-            p, p, ["size"]
-    if category == "change texture":
-        return original, shapes.replace_object(original, p, texture=_pick(rng, set(shapes.TEXTURES) - {obj.texture})), \
-            p, p, ["texture"]
-    if category == "move object":
-        q = _pick(rng, free)
-        moved = tuple(dataclasses.replace(o, position=q) if o is obj else o for o in original.objects)
-        return original, shapes.Scene(moved, original.background), p, q, ["position"]
-    if category == "change two attributes":
-        a, b = rng.choice(["shape", "colour", "size", "texture"], size=2, replace=False)
-        changes = {}
-        for attr in (str(a), str(b)):
-            allowed = {"shape": shapes.SHAPES, "colour": colours, "size": shapes.SIZES,
-                       "texture": shapes.TEXTURES}[attr]
-            changes[attr] = _pick(rng, set(allowed) - {getattr(obj, attr)})
-        return original, shapes.replace_object(original, p, **changes), p, p, sorted(changes)
-    if category == "add object":
-        q = _pick(rng, free)
-        new = shapes.ShapeObject(_pick(rng, shapes.SHAPES), _pick(rng, colours), _pick(rng, shapes.SIZES),
-                                 _pick(rng, shapes.TEXTURES), q)
-        # Objects are listed in grid order, so a caption reads top to bottom whatever was added.
-        objects = tuple(sorted(original.objects + (new,), key=lambda o: shapes.POSITIONS.index(o.position)))
-        return original, shapes.Scene(objects, original.background), q, q, ["presence"]
-    if category == "delete object":
-        return original, shapes.Scene(tuple(others), original.background), p, p, ["presence"]
-    if category == "change background":
-        used = {o.colour for o in original.objects}
-        allowed = [b for b in shapes.BACKGROUNDS if b != original.background and b not in used]
-        return original, shapes.Scene(original.objects, _pick(rng, allowed)), None, None, ["background"]
-    raise TaskError(f"unknown shapes-world category {category!r}; choose from {', '.join(SHAPES_CATEGORIES)}")
+    target, p, q, attributes = kind.edit(Draw(rng, original, obj, free, colours))
+    return original, target, p, q, attributes
 
 
 def _ordered(scene: shapes.Scene) -> shapes.Scene:
@@ -537,7 +509,7 @@ def shapes_suite(config: ShapesSuiteConfig | None = None, categories: list[str] 
                 continue  # a duplicate, or a caption that would not read back as its scene
             seen.add((prompt_a, prompt_b))
             foreground = shapes.foreground_mask(original) | shapes.foreground_mask(target)
-            if category == "change background":
+            if SHAPES_CATEGORY_REGISTRY[category].region == "background":
                 # Everywhere some background shows, anti-aliased object edges included.
                 source = target_mask = _background_pixels(original)
             else:
@@ -549,7 +521,7 @@ def shapes_suite(config: ShapesSuiteConfig | None = None, categories: list[str] 
             tasks.append(Task(
                 id=f"{category.replace(' ', '-')}-{made:03d}", category=category,
                 original_prompt=bracketed_a, editing_prompt=bracketed_b,
-                editing_instruction=_instruction(category, original, target, p, q),
+                editing_instruction=SHAPES_CATEGORY_REGISTRY[category].instruction(original, target, p, q),
                 source_mask=source, target_mask=target_mask, seed=int(rng.integers(2**31)),
                 foreground_mask=foreground, original_scene=original.to_dict(), target_scene=target.to_dict(),
                 source_position=p, target_position=q, edited_attributes=attrs))
@@ -557,20 +529,3 @@ def shapes_suite(config: ShapesSuiteConfig | None = None, categories: list[str] 
             bar.update()
     bar.close()
     return Suite("shapes", SUITE_VERSION, cfg.seed, tasks, asdict(cfg))
-
-
-def _instruction(category, original, target, p, q) -> str:
-    if category == "change background":
-        return f"change the background from {original.background} to {target.background}"
-    if category == "add object":
-        new = next(o for o in target.objects if o.position == q)
-        return f"add a {new.colour} {new.shape} at {q}"
-    if category == "delete object":
-        old = next(o for o in original.objects if o.position == p)
-        return f"remove the {old.colour} {old.shape} at {p}"
-    if category == "move object":
-        return f"move the object at {p} to {q}"
-    old = next(o for o in original.objects if o.position == p)
-    new = next(o for o in target.objects if o.position == q)
-    return f"change the {old.size} {old.colour} {old.texture} {old.shape} at {p} into a " \
-           f"{new.size} {new.colour} {new.texture} {new.shape}"

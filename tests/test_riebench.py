@@ -356,9 +356,10 @@ def test_sae_transport_changes_colour_through_the_block_that_draws_it_and_not_th
 def test_headline_matrices_compare_methods_and_single_blocks_at_equal_preservation():
     from riebench.report import best_matrix, headline_table
 
-    def row(method, category, success, preservation, k=2, m=1.0):
+    def row(method, category, success, preservation, k=2, m=1.0):  # as category_table writes it
+        name, _, one_block = method.partition("@")
         return {"method": method, "k_trans": k, "m": m, "category": category, "success": success,
-                "preservation": preservation}
+                "preservation": preservation, "method_name": name, "block": one_block or None}
 
     block = "up_blocks.1.attentions.2"
     rows = [row("sae", "change colour", 0.9, 0.5),           # better, but below the preservation threshold
@@ -377,6 +378,23 @@ def test_headline_matrices_compare_methods_and_single_blocks_at_equal_preservati
                       {"method": "sae", "block": block, "change colour": "0.80 (k 2, m 1)"}]
 
 
+def test_method_names_come_from_the_registry_with_their_variants():
+    from riebench.methods import MethodError, method_names, parse_method_name
+
+    # (other tests register methods of their own after these)
+    assert method_names(edits_blocks=True)[:4] == ["sae", "sae-adaptive", "neurons", "activation-diff"]
+    assert method_names(edits_blocks=False)[:1] == ["prompt-swap"] and "prompt-swap" not in method_names(True)
+    assert parse_method_name("sae-adaptive") == ("sae", "adaptive") and parse_method_name("activation-diff") == (
+        "activation-diff", "static")
+    config = MethodConfig.named("sae-adaptive", k_trans=3, blocks=[MID])
+    assert (config.variant, config.method_name, config.block, config.label) == (
+        "adaptive", "sae-adaptive", MID, "sae-adaptive@" + MID)
+    with pytest.raises(MethodError, match="neurons has the variant"):  # was accepted and ignored
+        MethodConfig("neurons", variant="adaptive")
+    with pytest.raises(MethodError, match="the methods are: prompt-swap, sae, sae-adaptive"):
+        parse_method_name("sae-fast")
+
+
 def test_labels_name_one_block_in_full_and_several_by_short_names():
     assert MethodConfig("sae", blocks=[MID]).label == "sae@" + MID
     six = ["down_blocks.2.attentions.1", MID, "up_blocks.0.attentions.0", "up_blocks.0.attentions.1",
@@ -392,3 +410,27 @@ def test_pareto_front_keeps_the_configurations_nothing_beats_on_both_axes():
               {"preservation": 0.9, "success": 0.4},   # beaten by the 0.95 / 0.5 point
               {"preservation": 0.8, "success": 0.9}, {"preservation": 0.7, "success": 0.9}]  # tie: the better kept
     assert [(p["preservation"], p["success"]) for p in pareto_front(points)] == [(1.0, 0.0), (0.95, 0.5), (0.8, 0.9)]
+
+
+def test_a_new_shapes_category_is_one_registry_entry_and_leaves_the_other_categories_tasks_unchanged(monkeypatch):
+    from interp.zoo import shapes as world
+    from riebench import categories
+    from riebench.metrics import edit_success
+
+    before = shapes_suite(ShapesSuiteConfig(per_category=3)).tasks
+
+    def shrink(d):  # the object becomes small; any other size stays as it was
+        p = d.obj.position
+        return world.replace_object(d.original, p, size="small"), p, p, ["size"]
+
+    monkeypatch.setitem(categories.SHAPES_CATEGORY_REGISTRY, "make small", categories.ShapesCategory(
+        "make small", "change content", shrink, lambda o, t, p, q: f"make the object at {p} small",
+        lambda target, reading, p, q, attributes: reading.at(q) is not None and reading.at(q).size == "small"))
+    assert "make small" in SHAPES_CATEGORIES
+    after = shapes_suite(ShapesSuiteConfig(per_category=3)).tasks
+    assert [t.to_dict() for t in after[:len(before)]] == [t.to_dict() for t in before]
+    new = [t for t in after if t.category == "make small"]
+    assert len(new) == 3 and all(t.editing_instruction.startswith("make the object at") for t in new)
+    target = new[0].scenes()[1]
+    reading = world.AttributeProbe().read(world.render(target))
+    assert edit_success(new[0], reading) == 1.0
