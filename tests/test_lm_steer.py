@@ -386,3 +386,43 @@ def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_lin
     result = _run("--model", "toy-chat", "--sae", directory, "--feature", "256", *common)
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == \
         "error: feature 256 is out of range: the SAE has 256 features, 0 to 255"
+
+
+# ----------------------------------------------------------------------------- the UI panel
+
+def test_the_ui_panel_shows_both_completions_and_the_saes_cards_and_refuses_bad_input(lm, sae, tmp_path):
+    import json
+    import shutil
+
+    import gradio as gr
+
+    from saes.lm_features import LMAnalysisConfig, analyse_lm_sae
+    from ui.lm_steer import LMSteerPanel, build_lm_steer_tab
+
+    root = tmp_path / "saes"
+    directory = root / HOOK
+    shutil.copytree(toy_lm_sae()[1], directory)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("What colour is the sky?\nSay these words backwards: apple river\nWhat is 12 plus 7?\n")
+    analyse_lm_sae(lm, sae, corpus, directory, LMAnalysisConfig(tokens=200))
+    with gr.Blocks():
+        panel = build_lm_steer_tab(None, sae_roots=[root])
+    assert isinstance(panel, LMSteerPanel) and str(directory) in panel.sae_choices()
+    panel._lms["toy-chat"] = lm  # the module's model: no second load
+    without, steered, status = panel.steer("toy-chat", str(directory), FEATURE, STRENGTH, "add", "all", PROMPTS[0], 10)
+    edits = [LMEdit(HOOK, "add", feature=FEATURE, strength=STRENGTH)]
+    assert (without, steered) == (generate(lm, PROMPTS[0], max_new_tokens=10)[0],
+                                  generate(lm, PROMPTS[0], edits, {HOOK: sae}, max_new_tokens=10)[0])
+    assert f"feature #{FEATURE}" in status and without != steered
+    rows, summary = panel.feature_table(str(directory), "frequency")
+    cards = {c["id"]: c for c in json.loads((directory / "features.json").read_text())["features"]}
+    assert rows and [r[1] for r in rows] == sorted((r[1] for r in rows), reverse=True)
+    assert rows[0][1] == round(100 * cards[rows[0][0]]["frequency"], 3) and "fire on" in summary
+    assert f"#{rows[0][0]}" in panel.feature_card(str(directory), rows[0][0])
+    for args, message in [(("toy-chat", str(directory), 256, 1.0, "add", "all", "hi", 4), "feature must be"),
+                          (("toy-chat", str(directory), 1, 1.0, "add", "all", "  ", 4), "prompt is empty"),
+                          (("toy-chat", str(tmp_path), 1, 1.0, "add", "all", "hi", 4), "not an SAE directory"),
+                          (("toy-chat", str(directory), 1, float("inf"), "add", "all", "hi", 4), "finite"),
+                          (("nope", str(directory), 1, 1.0, "add", "all", "hi", 4), "unknown model")]:
+        with pytest.raises(gr.Error, match=message):
+            panel.steer(*args)

@@ -1,0 +1,271 @@
+"""The "LM steering" tab: steer a language model by one SAE feature and browse the SAE's feature cards.
+
+Steering: prompt, model, SAE (an SAE directory on a residual hook), feature, strength, mode and
+positions; the greedy completion without and with the edit side by side (`flowlens.steer.
+steer_comparison`, whose edit acts in the request's own context only, so concurrent users never see
+each other's edits). Cards: the features.json that `python -m saes features --text` wrote beside
+the SAE, as a table (click a row to steer that feature) and the chosen feature's card (top contexts
+with highlighted tokens, histogram, promoted and suppressed tokens).
+
+SAEs offered: every SAE on a residual hook under ``saes/pretrained/``, under ``$WORKBENCH_LM_SAES``
+(a directory of SAE directories, or one) and under the roots given to `build_lm_steer_tab`; any other
+directory can be typed into the SAE box.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+
+import gradio as gr
+
+ROOT = Path(__file__).resolve().parents[1]
+PRETRAINED = ROOT / "saes" / "pretrained"
+MODES = ("add", "scale", "set", "ablate")
+POSITIONS = ("all", "prompt", "generated")
+MAX_NEW_TOKENS = 256
+MAX_PROMPT_CHARS = 2000
+TABLE_ROWS = 200
+DEFAULT_PROMPT = "What colour is the sky?"
+# What a handler may raise for the user to act on, shown as a message (app.py's USER_ERRORS: ModelError,
+# EditError, LMError, ... are ValueErrors).
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError)
+
+
+def user_errors(fn):
+    """Bad input becomes a message in the UI, never a stack trace (as app.user_errors does)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error:
+            raise
+        except USER_ERRORS as err:
+            raise gr.Error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)) from None
+    return wrapper
+
+
+def find_lm_saes(roots) -> list[str]:
+    """SAE directories on a language-model residual hook, under (or at) each root, depth two at most."""
+    from saes.lm_features import sae_hook_name
+
+    from interp.hooks.lm_steer import is_residual_hook
+
+    found = []
+    for root in roots:
+        root = Path(root)
+        if not root.is_dir():
+            continue
+        for cfg in [root / "cfg.json", *root.glob("*/cfg.json"), *root.glob("*/*/cfg.json")]:
+            if cfg.is_file() and is_residual_hook(sae_hook_name(cfg.parent)):
+                found.append(str(cfg.parent))
+    return sorted(dict.fromkeys(found))
+
+
+def _whole(value, name: str, low: int, high: int) -> int:
+    if value is None or value == "" or not float(value).is_integer() or not low <= float(value) <= high:
+        raise ValueError(f"{name} must be a whole number from {low} to {high}")
+    return int(float(value))
+
+
+def _finite(value, name: str) -> float:
+    import math
+
+    if value is None or value == "" or not math.isfinite(float(value)):
+        raise ValueError(f"{name} must be a finite number")
+    return float(value)
+
+
+class LMSteerPanel:
+    """The tab's actions, apart from the widgets (so they can be called and tested without a browser)."""
+
+    def __init__(self, bench=None, sae_roots=None):
+        self.bench = bench
+        env = os.environ.get("WORKBENCH_LM_SAES")
+        self.roots = [PRETRAINED, *([env] if env else []), *(sae_roots or [])]
+        self._lock = threading.Lock()
+        self._lms: dict = {}
+        self._saes: dict = {}
+
+    # ----- what there is ------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        from interp.models.lm import available_lms
+
+        return available_lms()
+
+    def sae_choices(self) -> list[str]:
+        return find_lm_saes(self.roots)
+
+    def lm(self, name: str):
+        if self.bench is not None and hasattr(self.bench, "lm"):
+            return self.bench.lm(name)  # the app's shared cache (and its check of the name)
+        from interp.models.lm import load_lm
+
+        if name not in self.models():
+            raise ValueError(f"unknown model {name!r}; the language models here are: {', '.join(self.models())}")
+        with self._lock:
+            if name not in self._lms:
+                self._lms[name] = load_lm(name)
+        return self._lms[name]
+
+    def sae(self, directory: str):
+        """(SAE, hook) of a directory, loaded once per version of its weights file."""
+        from flowlens.steer import load_lm_sae
+
+        if not directory or not str(directory).strip():
+            raise ValueError("choose an SAE (a directory with cfg.json and sae_weights.safetensors)")
+        path = Path(str(directory).strip()).expanduser()
+        if not (path / "cfg.json").is_file():
+            raise ValueError(f"{path} is not an SAE directory (no cfg.json)")
+        key = (str(path.resolve()), (path / "sae_weights.safetensors").stat().st_mtime_ns
+               if (path / "sae_weights.safetensors").exists() else 0)
+        with self._lock:
+            if key not in self._saes:
+                self._saes[key] = load_lm_sae(path)
+        return self._saes[key]
+
+    # ----- steering -----------------------------------------------------------------------------
+    @user_errors
+    def steer(self, model: str, sae_dir: str, feature, strength, mode: str, positions: str, prompt: str,
+              max_new_tokens):
+        """(completion without the edit, with it, a status line)."""
+        from flowlens.steer import check_feature, make_edit, steer_comparison
+
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError("the prompt is empty: give some text to continue")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise ValueError(f"the prompt has {len(prompt)} characters; at most {MAX_PROMPT_CHARS}")
+        if mode not in MODES or positions not in POSITIONS:
+            raise ValueError(f"mode must be one of {', '.join(MODES)} and positions one of {', '.join(POSITIONS)}")
+        if not model:
+            raise ValueError("choose a model")
+        sae, hook = self.sae(sae_dir)
+        feature = check_feature(sae, _whole(feature, "feature", 0, sae.cfg.d_sae - 1))
+        strength = _finite(strength, "strength")
+        tokens = _whole(max_new_tokens, "new tokens", 1, MAX_NEW_TOKENS)
+        lm = self.lm(model)
+        edit = make_edit(hook, feature, strength, mode, positions)
+        result = steer_comparison(lm, sae, hook, prompt, edit, tokens)
+        what = f"{mode} feature #{feature}" + ("" if mode == "ablate" else f", strength {strength:g}")
+        same = " The edit does not change the completion." if result["without"] == result["with"] else ""
+        status = f"**{what}** at `{hook}` on {positions} positions; greedy, up to {tokens} new tokens.{same}"
+        return result["without"], result["with"], status
+
+    # ----- cards --------------------------------------------------------------------------------
+    def _cards(self, sae_dir: str) -> dict | None:
+        from saes.lm_features import load_lm_cards
+
+        self.sae(sae_dir)  # a clear error for what is not an LM SAE
+        return load_lm_cards(Path(str(sae_dir).strip()).expanduser())
+
+    @user_errors
+    def feature_table(self, sae_dir: str, sort_by: str):
+        """(rows: id, frequency %, mean activation, promotes; a summary line)."""
+        payload = self._cards(sae_dir)
+        if payload is None:
+            return [], (f"No feature cards beside this SAE yet: `python -m saes features --sae {sae_dir} --model "
+                        f"NAME --text FILE` writes them (features.json and features.html).")
+        cards = [c for c in payload["features"] if c["n_firing"] > 0]
+        key = {"frequency": lambda c: -c["frequency"], "mean activation": lambda c: -c["mean_activation"],
+               "id": lambda c: c["id"]}.get(sort_by, lambda c: -c["frequency"])
+        rows = [[c["id"], round(100 * c["frequency"], 3), round(c["mean_activation"], 3),
+                 " ".join(t["token"].strip() or repr(t["token"]) for t in c["promoted"][:5])]
+                for c in sorted(cards, key=key)[:TABLE_ROWS]]
+        corpus = payload["corpus"]
+        summary = (f"{len(cards)} of {len(payload['features'])} features fire on {corpus['tokens']} tokens of "
+                   f"{corpus['path']} ({payload['model']}, {payload['hook']}); showing {len(rows)}. "
+                   f"Click a row to see its card and steer it.")
+        return rows, summary
+
+    @user_errors
+    def feature_card(self, sae_dir: str, feature):
+        from saes.lm_features import CSS, card_html
+
+        sae, _ = self.sae(sae_dir)
+        feature = _whole(feature, "feature", 0, sae.cfg.d_sae - 1)
+        payload = self._cards(sae_dir)
+        if payload is None:
+            return "<p>No feature cards beside this SAE yet.</p>"
+        card = next((c for c in payload["features"] if c["id"] == feature), None)
+        if card is None:
+            return f"<p>No card for feature #{feature}.</p>"
+        return f"<style>{CSS.replace('body{', '.lm-cards{')}</style><div class='lm-cards'>{card_html(card)}</div>"
+
+    def select_row(self, sae_dir: str, rows, evt: gr.SelectData):
+        """The clicked row's feature: into the feature box, and its card."""
+        row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        try:
+            feature = int(rows.iloc[row, 0]) if hasattr(rows, "iloc") else int(rows[row][0])
+        except (IndexError, ValueError, TypeError, KeyError):
+            raise gr.Error("no feature in that row") from None
+        return feature, self.feature_card(sae_dir, feature)
+
+
+def build_lm_steer_tab(bench=None, sae_roots=None) -> LMSteerPanel:
+    """The "LM steering" tab, inside the caller's gr.Blocks."""
+    panel = LMSteerPanel(bench, sae_roots)
+    models = panel.models()
+    saes = panel.sae_choices()
+    rows, summary = [], ""
+    if saes:
+        try:
+            rows, summary = panel.feature_table(saes[0], "frequency")
+        except gr.Error as err:  # a broken SAE directory: said when the tab opens, the rest still works
+            summary = f"{saes[0]}: {err.message}"
+    with gr.Tab("LM steering", id="lm-steer"):
+        gr.Markdown("Steer a language model by one feature of a sparse autoencoder on its residual stream: the "
+                    "greedy completion without and with the edit, side by side. The edit acts at the hook the "
+                    "SAE was trained on; *generated* positions are the new tokens as they are fed back in (so the "
+                    "first new token is unchanged). CLI: `python -m flowlens steer`.")
+        with gr.Row():
+            with gr.Column():
+                prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_length=MAX_PROMPT_CHARS,
+                                    elem_id="lm-steer-prompt")
+                with gr.Row():
+                    model = gr.Dropdown(label="Model", choices=models, value=models[0] if models else None,
+                                        elem_id="lm-steer-model")
+                    sae = gr.Dropdown(label="SAE (or type a directory)", choices=saes,
+                                      value=saes[0] if saes else None, allow_custom_value=True,
+                                      elem_id="lm-steer-sae")
+                with gr.Row():
+                    feature = gr.Number(label="Feature", value=0, precision=0, minimum=0, elem_id="lm-steer-feature")
+                    strength = gr.Number(label="Strength", value=40.0, elem_id="lm-steer-strength")
+                    tokens = gr.Number(label="New tokens", value=32, precision=0, minimum=1, maximum=MAX_NEW_TOKENS,
+                                       elem_id="lm-steer-tokens")
+                with gr.Row():
+                    mode = gr.Radio(label="Mode", choices=list(MODES), value="add", elem_id="lm-steer-mode")
+                    positions = gr.Radio(label="Positions", choices=list(POSITIONS), value="all",
+                                         elem_id="lm-steer-positions")
+                run = gr.Button("Generate without and with the edit", variant="primary", elem_id="lm-steer-run")
+            with gr.Column():
+                with gr.Row():
+                    without = gr.Textbox(label="Without the edit", lines=6, interactive=False,
+                                         elem_id="lm-steer-without")
+                    edited = gr.Textbox(label="With the edit", lines=6, interactive=False, elem_id="lm-steer-with")
+                status = gr.Markdown(elem_id="lm-steer-status")
+        gr.Markdown("### Feature cards")
+        with gr.Row():
+            sort_by = gr.Dropdown(label="Sort by", choices=["frequency", "mean activation", "id"], value="frequency",
+                                  elem_id="lm-cards-sort")
+            show = gr.Button("Show the SAE's cards", elem_id="lm-cards-show")
+        cards_summary = gr.Markdown(summary, elem_id="lm-cards-summary")
+        with gr.Row():
+            with gr.Column(scale=2):
+                table = gr.Dataframe(value=rows or None, headers=["feature", "fires on %", "mean act.", "promotes"],
+                                     datatype=["number", "number", "number", "str"], interactive=False,
+                                     max_height=420, elem_id="lm-cards-table")
+            with gr.Column(scale=3):
+                card = gr.HTML(elem_id="lm-card")
+        run.click(panel.steer, [model, sae, feature, strength, mode, positions, prompt, tokens],
+                  [without, edited, status], concurrency_limit=2)
+        show.click(panel.feature_table, [sae, sort_by], [table, cards_summary], queue=False)
+        sort_by.change(panel.feature_table, [sae, sort_by], [table, cards_summary], queue=False)
+        sae.change(panel.feature_table, [sae, sort_by], [table, cards_summary], queue=False)
+        table.select(panel.select_row, [sae, table], [feature, card], queue=False)
+        feature.submit(panel.feature_card, [sae, feature], [card], queue=False)
+    return panel
+
+
+__all__ = ["LMSteerPanel", "build_lm_steer_tab", "find_lm_saes"]
