@@ -221,6 +221,21 @@ def test_bad_input_in_any_tab_gives_a_message_not_a_stack_trace(app_url, endpoin
     assert "Traceback" not in str(err.value)
 
 
+def test_user_errors_are_one_log_line_each_not_a_traceback(app_url, data_dir):
+    """Issue 21: the server log printed a full traceback for every user-input error."""
+    log = data_dir / "app.log"
+    start = log.stat().st_size
+    bad = [(["up_blocks.1.attentions.2", 256], "/feature_card"), (["a red circle", 2.5, 0], "/generate"),
+           (riebench_args(k_trans=0), "/riebench")]
+    for args, endpoint in bad:
+        with pytest.raises(Exception):
+            client(app_url).predict(*args, api_name=endpoint)
+    time.sleep(0.5)
+    written = log.read_bytes()[start:].decode("utf-8", "replace")
+    assert "Traceback" not in written
+    assert written.count("user error") == len(bad)
+
+
 def test_uploads_are_checked_for_type_and_size(app_url, tmp_path):
     from gradio_client import handle_file
 
@@ -445,6 +460,50 @@ def test_browser_runs_a_two_task_riebench(page):
     page.locator("#riebench-plot .js-plotly-plot").wait_for(timeout=30_000)
     assert "all" in page.locator("#riebench-table").inner_text()
     page.screenshot(path=str(SCREENSHOTS / "riebench.png"), full_page=True)
+    page.locator("#riebench-cancel").click()  # nothing runs: the status must not turn to "Cancelled"
+    page.wait_for_timeout(1500)
+    assert page.locator("#riebench-status").inner_text() == status
+
+
+@needs_chromium
+def test_browser_cancels_a_riebench_run_within_a_second_and_says_where_it_stopped(page):
+    """Issue 21: streamed updates froze the page, the click landed after the end and "Cancelled" stood next to
+    every result. Eight tasks: Cancel after the first update; the stop is said at once and is true."""
+    import re
+
+    open_tab(page, "RIEBench")
+    category = page.locator("#riebench-category input").input_value()  # the first category, chosen
+    tasks = page.locator("#riebench-tasks input")
+    for i in range(2, 8):
+        tasks.fill(f"{category.replace(' ', '-')}-00{i}")
+        tasks.press("Enter")
+    assert page.locator("#riebench-tasks .token").count() == 8
+    page.locator("#riebench-run").click()
+    wait_until(page, text_includes("#riebench-status", "task(s) done"), 120_000, "#riebench-status")
+    page.locator("#riebench-cancel").click()
+    clicked = time.monotonic()
+    wait_until(page, "document.querySelector('#riebench-status').innerText.includes('Cancel')", 2_000,
+               "#riebench-status")
+    assert time.monotonic() - clicked < 2.0  # "Cancelling…" (or already "Cancelled") within about a second
+    wait_until(page, text_includes("#riebench-status", "Cancelled"), 10_000, "#riebench-status")
+    status = page.locator("#riebench-status").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "riebench-cancel.png"), full_page=True)
+    stopped = int(re.search(r"after (\d+) of 8 task", status).group(1))
+    assert 1 <= stopped < 8 and "Finished" not in status
+    page.wait_for_timeout(1000)
+    assert page.locator("#riebench-gallery img").count() == 3 * stopped  # exactly the tasks it says it ran
+
+
+@needs_chromium
+def test_browser_shows_the_message_of_a_bad_feature_id(page):
+    """Issue 21: id 256 showed a red "Error" without a message."""
+    open_tab(page, "Features")
+    page.locator("#features-id input").fill("256")
+    page.locator("#features-open").click()
+    wait_until(page, "[...document.querySelectorAll('.toast-body')].some(t => t.innerText.includes('0 to 255'))",
+               30_000, "body")
+    for close in page.locator(".toast-close").all():
+        close.click()
 
 
 @needs_chromium
