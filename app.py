@@ -1099,8 +1099,11 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                         p_search = gr.Textbox(label="…or search labels", placeholder="e.g. colour=red",
                                               elem_id="paint-search")
                     with gr.Row():
+                        # the browser sets a typed value outside the range to its nearest end: say so here,
+                        # and the info line after Apply names the strength used
                         p_strength = Slider(-1, 8, value=3, step=0.5, label="Strength (x mean activation)",
-                                               elem_id="paint-strength")
+                                            info="-1 to 8: a value typed outside is set to the nearest end",
+                                            elem_id="paint-strength")
                         p_act = gr.Textbox(label="Steps it acts on", value="all", elem_id="paint-act-steps")
                     with gr.Row():
                         apply = gr.Button("Apply", variant="primary", elem_id="paint-apply")

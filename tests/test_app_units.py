@@ -478,3 +478,9 @@ def test_an_icon_says_when_it_draws_another_strength_than_asked(bench):
     needs_shipped_saes(bench)
     _, info = bench.feature_icon(BLOCK, 3, "", -0.5, progress=no_progress)
     assert "strength -0.5 is drawn as 1" in info
+
+
+def test_opening_paint_loads_its_image_once_and_keeps_strokes(bench):
+    loaded = bench.paint_canvas_if_empty("a red circle", 1, 0, None, progress=no_progress)
+    assert loaded["background"] is not None and loaded["layers"] == []
+    assert bench.paint_canvas_if_empty("a red circle", 1, 0, loaded, progress=no_progress) == gr.update()
