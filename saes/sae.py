@@ -18,6 +18,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -30,12 +31,65 @@ from .strict_json import write_json
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
 FEATURE_STATS_FILENAME = "feature_stats.safetensors"  # ours: per-feature mean/std activation, optional
-ARCHITECTURES = ("topk", "jumprelu", "standard")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
 class SAEFormatError(ValueError):
     """A directory that is not a loadable SAE, with the reason."""
+
+
+# ----------------------------------------------------------------------------- architectures
+
+@dataclass(frozen=True)
+class Architecture:
+    """How one inference architecture turns pre-activations into latents, and what it stores beyond the four
+    shared tensors (W_enc, b_enc, W_dec, b_dec). ``from_sae_lens`` maps a sae-lens checkpoint of another
+    architecture onto this one (BatchTopK runs as JumpReLU)."""
+
+    name: str
+    activate: Callable[["SAE", torch.Tensor], torch.Tensor]   # (sae, pre (..., d_sae)) -> latents
+    extra_parameters: tuple[str, ...] = ()                     # (d_sae,) tensors, e.g. threshold
+    needs_k: bool = False
+    sae_lens_names: tuple[str, ...] = ()                      # sae-lens architectures loaded as this one
+    convert: Callable[[dict, dict], dict] | None = None       # (raw cfg, weights) -> weights, for those
+
+
+ARCHITECTURE_REGISTRY: dict[str, Architecture] = {}
+
+
+def register_architecture(architecture: Architecture) -> Architecture:
+    ARCHITECTURE_REGISTRY[architecture.name] = architecture
+    return architecture
+
+
+def _topk(sae: "SAE", pre: torch.Tensor) -> torch.Tensor:
+    top = pre.topk(sae.cfg.k, dim=-1, sorted=False)
+    return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
+
+
+def _batchtopk_threshold(raw_cfg: dict, weights: dict) -> dict:
+    if "threshold" not in weights:
+        if "topk_threshold" not in weights:
+            raise SAEFormatError("batchtopk weights lack topk_threshold")
+        weights["threshold"] = weights.pop("topk_threshold").expand(raw_cfg["d_sae"]).clone()
+    return weights
+
+
+register_architecture(Architecture("topk", _topk, needs_k=True))
+register_architecture(Architecture("jumprelu", lambda sae, pre: pre.relu() * (pre > sae.threshold),
+                                   extra_parameters=("threshold",), sae_lens_names=("batchtopk",),
+                                   convert=_batchtopk_threshold))
+register_architecture(Architecture("standard", lambda sae, pre: pre.relu()))
+ARCHITECTURES = tuple(ARCHITECTURE_REGISTRY)  # as registered at import
+
+
+def _architecture_of_sae_lens(name: str) -> Architecture:
+    for architecture in ARCHITECTURE_REGISTRY.values():
+        if name == architecture.name or name in architecture.sae_lens_names:
+            return architecture
+    known = [a.name for a in ARCHITECTURE_REGISTRY.values()] + [n for a in ARCHITECTURE_REGISTRY.values()
+                                                                for n in a.sae_lens_names]
+    raise SAEFormatError(f"sae-lens architecture {name!r} is not supported here; supported: {', '.join(known)}")
 
 
 def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -66,10 +120,11 @@ class SAEConfig:
     metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, training figures
 
     def __post_init__(self):
-        if self.architecture not in ARCHITECTURES:
-            raise SAEFormatError(f"unknown SAE architecture {self.architecture!r}; known: {', '.join(ARCHITECTURES)}")
-        if self.architecture == "topk" and not (self.k and 0 < self.k <= self.d_sae):
-            raise SAEFormatError(f"a topk SAE needs 0 < k <= d_sae, got k={self.k}, d_sae={self.d_sae}")
+        if self.architecture not in ARCHITECTURE_REGISTRY:
+            raise SAEFormatError(f"unknown SAE architecture {self.architecture!r}; known: "
+                                 f"{', '.join(ARCHITECTURE_REGISTRY)}")
+        if ARCHITECTURE_REGISTRY[self.architecture].needs_k and not (self.k and 0 < self.k <= self.d_sae):
+            raise SAEFormatError(f"a {self.architecture} SAE needs 0 < k <= d_sae, got k={self.k}, d_sae={self.d_sae}")
 
     def to_sae_lens_dict(self) -> dict:
         """cfg.json as sae-lens writes it for this architecture (unknown keys are ignored there)."""
@@ -84,7 +139,7 @@ class SAEConfig:
                "reshape_activations": "none",
                "metadata": {"sae_lens_version": lens_version, "sae_lens_training_version": lens_version,
                             **self.metadata}}
-        if self.architecture == "topk":
+        if ARCHITECTURE_REGISTRY[self.architecture].needs_k:
             cfg.update(k=self.k, rescale_acts_by_decoder_norm=False)
         return cfg
 
@@ -100,8 +155,9 @@ class SAE(nn.Module):
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype), requires_grad=False)
         self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, dtype=dtype), requires_grad=False)
         self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, dtype=dtype), requires_grad=False)
-        if cfg.architecture == "jumprelu":
-            self.threshold = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype), requires_grad=False)
+        self.architecture = ARCHITECTURE_REGISTRY[cfg.architecture]
+        for name in self.architecture.extra_parameters:
+            setattr(self, name, nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype), requires_grad=False))
         # Per-feature mean / std activation when firing (the natural edit strength); optional.
         self.feature_mean: torch.Tensor | None = None
         self.feature_std: torch.Tensor | None = None
@@ -128,13 +184,7 @@ class SAE(nn.Module):
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., d_in) -> latents (..., d_sae), non-negative and sparse."""
-        pre = self.pre_activations(x)
-        if self.cfg.architecture == "topk":
-            top = pre.topk(self.cfg.k, dim=-1, sorted=False)
-            return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
-        if self.cfg.architecture == "jumprelu":
-            return pre.relu() * (pre > self.threshold)
-        return pre.relu()
+        return self.architecture.activate(self, self.pre_activations(x))
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """latents: (..., d_sae) -> reconstruction (..., d_in)."""
@@ -212,18 +262,13 @@ class SAE(nn.Module):
             weights["b_enc"] = weights["b_enc"] * norms
             weights["W_dec"] = weights["W_dec"] / norms[:, None]
             # A BatchTopK threshold already applies to the rescaled pre-activations: unchanged.
-        k = None
-        if architecture == "topk":
-            k = int(raw_cfg["k"])
-        elif architecture == "batchtopk":  # a BatchTopK training checkpoint runs as JumpReLU at inference
-            architecture = "jumprelu"
-            if "threshold" not in weights:
-                if "topk_threshold" not in weights:
-                    raise SAEFormatError("batchtopk weights lack topk_threshold")
-                weights["threshold"] = weights.pop("topk_threshold").expand(raw_cfg["d_sae"]).clone()
-        elif architecture not in ARCHITECTURES:
-            raise SAEFormatError(f"sae-lens architecture {architecture!r} is not supported here; "
-                                 f"supported: {', '.join(ARCHITECTURES)}, batchtopk")
+        kind = _architecture_of_sae_lens(architecture)
+        if architecture != kind.name and kind.convert is not None:  # e.g. BatchTopK runs as JumpReLU
+            weights = kind.convert(raw_cfg, weights)
+        architecture = kind.name
+        if kind.needs_k and "k" not in raw_cfg:
+            raise SAEFormatError(f"a {architecture} cfg.json needs 'k'")
+        k = int(raw_cfg["k"]) if kind.needs_k else None
         metadata = dict(raw_cfg.get("metadata") or {})
         if "hook_name" in raw_cfg and "hook_name" not in metadata:
             metadata["hook_name"] = raw_cfg["hook_name"]
@@ -233,6 +278,8 @@ class SAE(nn.Module):
         sae = cls(cfg)
         expected = dict(sae.named_parameters())
         for name, param in expected.items():
+            if name not in weights:
+                raise SAEFormatError(f"weights lack {name!r}, which a {architecture} SAE needs")
             if weights[name].shape != param.shape:
                 raise SAEFormatError(f"weight {name} has shape {tuple(weights[name].shape)}, "
                                      f"cfg.json implies {tuple(param.shape)}")

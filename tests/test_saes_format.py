@@ -148,3 +148,23 @@ def test_float16_copy_saves_half_the_bytes_and_reconstructs_closely(tmp_path):
     assert half.W_enc.dtype == torch.float16 and json.loads((tmp_path / "fp16" / "cfg.json").read_text())["dtype"] == "float16"
     x = torch.randn(50, 24)
     torch.testing.assert_close(half(x).float(), ours(x), rtol=0.02, atol=0.02)
+
+
+def test_an_inference_architecture_is_one_registry_entry(tmp_path, monkeypatch):
+    import torch
+
+    from saes import sae as sae_module
+    from saes.sae import SAE, Architecture, SAEConfig, SAEFormatError
+
+    monkeypatch.setitem(sae_module.ARCHITECTURE_REGISTRY, "relu-shift", Architecture(
+        "relu-shift", lambda sae, pre: (pre - sae.shift).relu(), extra_parameters=("shift",)))
+    sae = SAE(SAEConfig("relu-shift", d_in=3, d_sae=4))
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.eye(3, 4))
+        sae.shift.fill_(0.5)
+    x = torch.tensor([[1.0, 0.25, 2.0]])
+    torch.testing.assert_close(sae.encode(x), torch.tensor([[0.5, 0.0, 1.5, 0.0]]))
+    loaded = SAE.load(sae.save(tmp_path / "sae"))
+    torch.testing.assert_close(loaded.encode(x), sae.encode(x))
+    with pytest.raises(SAEFormatError, match="supported: topk, jumprelu, standard, relu-shift, batchtopk"):
+        SAE.from_sae_lens({"architecture": "gated", "d_in": 3, "d_sae": 4}, dict(sae.named_parameters()))
