@@ -367,6 +367,8 @@ def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_lin
 
     SAE(SAEConfig("topk", 64, 32, k=4, metadata={"hook_name": HOOK})).save(other / "narrow")
     SAE(SAEConfig("topk", 128, 32, k=4, metadata={"hook_name": "mid_block.attentions.0"})).save(other / "unet")
+    SAE(SAEConfig("topk", 128, 32, k=4, metadata={"hook_name": "blocks.15.hook_resid_post",
+                                                   "model_name": "smollm2-135m-instruct"})).save(other / "deep")
     common = ["--prompt", "hi", "--strength", "1"]
     for args, message in [
             (["--model", "toy-chat", "--sae", directory, "--feature", "999", *common], "feature 999 is out of range"),
@@ -374,6 +376,8 @@ def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_lin
              "reads 64 dimensions but toy-chat's residual stream has 128"),
             (["--model", "toy-chat", "--sae", str(other / "unet"), "--feature", "1", *common],
              "not a language-model residual hook"),
+            (["--model", "toy-chat", "--sae", str(other / "deep"), "--feature", "1", *common],
+             "reads blocks.15.hook_resid_post, which toy-chat does not have; it was trained on smollm2-135m-instruct"),
             (["--model", "toy-chat", "--sae", directory, "--feature", "1", "--strength", "1", "--prompt", " "],
              "the prompt is empty"),
             (["--model", "toy-chatt", "--sae", directory, "--feature", "1", *common], "did you mean toy-chat"),

@@ -161,11 +161,17 @@ def check_sae_fits(lm, sae, hook: str | None = None, where: str = "the SAE") -> 
                         f"name the hook, e.g. blocks.2.hook_resid_post")
     if recorded is not None and recorded != hook:
         raise EditError(f"{where} was trained on {recorded}, not {hook}")
-    parse_hook_name(hook, lm.n_layers)
+    metadata = getattr(getattr(sae, "cfg", None), "metadata", None) or {}
+    trained_for = f"; it was trained on {metadata['model_name']}" if metadata.get("model_name") else \
+        " (an SAE of another model?)"
+    try:
+        parse_hook_name(hook, lm.n_layers)
+    except LMHookError as err:
+        raise EditError(f"{where} reads {hook}, which {lm.name} does not have{trained_for} ({err})") from None
     _, d_in = _sae_shape(sae)
     if d_in != lm.d_model:
-        raise EditError(f"{where} reads {d_in} dimensions but {lm.name}'s residual stream has {lm.d_model} "
-                        f"(an SAE of another model?)")
+        raise EditError(f"{where} reads {d_in} dimensions but {lm.name}'s residual stream has {lm.d_model}"
+                        f"{trained_for}")
     return hook
 
 
