@@ -27,6 +27,7 @@ import torch
 
 from interp.hooks.diffusion import Cancelled, on_each_step
 from interp.models import ModelError, load_t2i
+from ui.lm_steer import build_lm_steer_tab
 
 DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped star in the center on a white background"
 # ModelError, EditError, LibraryError... are ValueErrors; Cancelled is the user's own stop, reported as such;
@@ -1174,6 +1175,7 @@ def build_ui(bench: Workbench) -> gr.Blocks:
             build_flowlens_tab(bench)
         with gr.Tab("VCL fine-tuning", id="vcl"):
             build_vcl_tab(bench)
+        build_lm_steer_tab(bench, number_field=Number)  # the "LM steering" tab (ui/lm_steer.py)
         demo.unload(bench.end_session)
     return demo
 

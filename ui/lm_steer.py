@@ -15,6 +15,7 @@ directory can be typed into the SAE box.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 from pathlib import Path
@@ -34,16 +35,27 @@ DEFAULT_PROMPT = "What colour is the sky?"
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError)
 
 
+LOG = logging.getLogger("workbench")  # app.py's logger
+
+
+def _quiet(text: str, where: str) -> gr.Error:
+    LOG.warning("user error in %s: %s", where, text)
+    return gr.Error(text, print_exception=False)
+
+
 def user_errors(fn):
-    """Bad input becomes a message in the UI, never a stack trace (as app.user_errors does)."""
+    """Bad input becomes a message in the UI and one line in the server log, never a traceback (as
+    app.user_errors does)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except gr.Error:
-            raise
+        except gr.Error as err:
+            raise _quiet(err.message, fn.__name__) from None
         except USER_ERRORS as err:
-            raise gr.Error(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)) from None
+            raise _quiet(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err), fn.__name__) \
+                from None
+    wrapper.user_errors = True
     return wrapper
 
 
@@ -193,18 +205,20 @@ class LMSteerPanel:
             return f"<p>No card for feature #{feature}.</p>"
         return f"<style>{CSS.replace('body{', '.lm-cards{')}</style><div class='lm-cards'>{card_html(card)}</div>"
 
+    @user_errors
     def select_row(self, sae_dir: str, rows, evt: gr.SelectData):
         """The clicked row's feature: into the feature box, and its card."""
         row = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
         try:
             feature = int(rows.iloc[row, 0]) if hasattr(rows, "iloc") else int(rows[row][0])
         except (IndexError, ValueError, TypeError, KeyError):
-            raise gr.Error("no feature in that row") from None
+            raise _quiet("no feature in that row", "select_row") from None
         return feature, self.feature_card(sae_dir, feature)
 
 
-def build_lm_steer_tab(bench=None, sae_roots=None) -> LMSteerPanel:
-    """The "LM steering" tab, inside the caller's gr.Blocks."""
+def build_lm_steer_tab(bench=None, sae_roots=None, number_field=gr.Number) -> LMSteerPanel:
+    """The "LM steering" tab, inside the caller's gr.Blocks. ``number_field``: the class of its number fields
+    (app.py passes its app.Number: named, quiet range checks; never precision=0, which rounds silently)."""
     panel = LMSteerPanel(bench, sae_roots)
     models = panel.models()
     saes = panel.sae_choices()
@@ -221,7 +235,7 @@ def build_lm_steer_tab(bench=None, sae_roots=None) -> LMSteerPanel:
                     "first new token is unchanged). CLI: `python -m flowlens steer`.")
         with gr.Row():
             with gr.Column():
-                prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, max_length=MAX_PROMPT_CHARS,
+                prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2,  # longer: refused, not cut
                                     elem_id="lm-steer-prompt")
                 with gr.Row():
                     model = gr.Dropdown(label="Model", choices=models, value=models[0] if models else None,
@@ -230,10 +244,9 @@ def build_lm_steer_tab(bench=None, sae_roots=None) -> LMSteerPanel:
                                       value=saes[0] if saes else None, allow_custom_value=True,
                                       elem_id="lm-steer-sae")
                 with gr.Row():
-                    feature = gr.Number(label="Feature", value=0, precision=0, minimum=0, elem_id="lm-steer-feature")
-                    strength = gr.Number(label="Strength", value=40.0, elem_id="lm-steer-strength")
-                    tokens = gr.Number(label="New tokens", value=32, precision=0, minimum=1, maximum=MAX_NEW_TOKENS,
-                                       elem_id="lm-steer-tokens")
+                    feature = number_field(label="Feature", value=0, elem_id="lm-steer-feature")
+                    strength = number_field(label="Strength", value=40.0, elem_id="lm-steer-strength")
+                    tokens = number_field(label=f"New tokens (1 to {MAX_NEW_TOKENS})", value=32, elem_id="lm-steer-tokens")
                 with gr.Row():
                     mode = gr.Radio(label="Mode", choices=list(MODES), value="add", elem_id="lm-steer-mode")
                     positions = gr.Radio(label="Positions", choices=list(POSITIONS), value="all",
@@ -260,11 +273,12 @@ def build_lm_steer_tab(bench=None, sae_roots=None) -> LMSteerPanel:
                 card = gr.HTML(elem_id="lm-card")
         run.click(panel.steer, [model, sae, feature, strength, mode, positions, prompt, tokens],
                   [without, edited, status], concurrency_limit=2)
-        show.click(panel.feature_table, [sae, sort_by], [table, cards_summary], queue=False)
-        sort_by.change(panel.feature_table, [sae, sort_by], [table, cards_summary], queue=False)
-        sae.change(panel.feature_table, [sae, sort_by], [table, cards_summary], queue=False)
-        table.select(panel.select_row, [sae, table], [feature, card], queue=False)
-        feature.submit(panel.feature_card, [sae, feature], [card], queue=False)
+        # queued, all of them: an unqueued event's error reaches the browser without its message
+        show.click(panel.feature_table, [sae, sort_by], [table, cards_summary])
+        sort_by.change(panel.feature_table, [sae, sort_by], [table, cards_summary])
+        sae.change(panel.feature_table, [sae, sort_by], [table, cards_summary])
+        table.select(panel.select_row, [sae, table], [feature, card])
+        feature.submit(panel.feature_card, [sae, feature], [card])
     return panel
 
 
