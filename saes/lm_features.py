@@ -192,9 +192,9 @@ def token_strings(tokenizer, ids) -> list[str]:
 
 
 def sequence_pieces(tokenizer, ids) -> list[str]:
-    """The text each token adds to its sequence (so that joined they read as the text: the spaces a
-    word-level or byte-level tokenizer puts between tokens included); a token whose text does not extend
-    the decoded prefix (special tokens, split characters) is decoded alone."""
+    """The text each token adds to the tokens before it (so that joined they read as ``decode(ids)``: the
+    spaces a word-level or byte-level tokenizer puts between tokens included); a token whose text does not
+    extend the decoded prefix (special tokens, split characters) is decoded alone."""
     pieces, before = [], ""
     for end in range(1, len(ids) + 1):
         text = tokenizer.decode(ids[:end])
@@ -243,7 +243,7 @@ def feature_cards(acts: Activations, tokenizer, logits, config: LMAnalysisConfig
     up_ids, up_vals, down_ids, down_vals = logits
     vocabulary = sorted({int(i) for i in np.concatenate([up_ids.ravel(), down_ids.ravel()])})
     names = dict(zip(vocabulary, token_strings(tokenizer, vocabulary)))
-    doc_strings: dict[int, list[str]] = {}
+    windows: dict[tuple[int, int, int], list[str]] = {}
     cards = []
     for f in range(n_features):
         group = order[group_starts[f]:group_starts[f + 1]]
@@ -271,11 +271,11 @@ def feature_cards(acts: Activations, tokenizer, logits, config: LMAnalysisConfig
                 inside = (rows_f >= start + lo) & (rows_f < start + hi)
                 window = np.zeros(hi - lo)
                 window[rows_f[inside] - start - lo] = values_f[inside]
-                if doc not in doc_strings:
-                    doc_strings[doc] = sequence_pieces(tokenizer, acts.sequences[doc])
+                if (doc, lo, hi) not in windows:  # the window's own text: a few decodes, not the sequence's
+                    windows[doc, lo, hi] = sequence_pieces(tokenizer, acts.sequences[doc][lo:hi])
                 card["top_contexts"].append({
                     "sequence": doc, "position": position, "activation": _r(acts.values[entry]),
-                    "start": lo, "tokens": doc_strings[doc][lo:hi], "activations": [_r(v) for v in window],
+                    "start": lo, "tokens": windows[doc, lo, hi], "activations": [_r(v) for v in window],
                     "highlight": position - lo})
         cards.append(card)
     return cards

@@ -111,9 +111,7 @@ def test_top_contexts_are_the_sequences_where_a_feature_peaks_with_every_tokens_
             torch.testing.assert_close(torch.tensor(c["activations"]), window, atol=1e-3, rtol=1e-4)
             assert c["activations"][c["highlight"]] == c["activation"]
             assert c["start"] + c["highlight"] == c["position"]
-            text = "".join(c["tokens"])  # the pieces read as the decoded window
-            assert text == lm.tokenizer.decode(seq[:c["start"] + len(c["tokens"])])[
-                len(lm.tokenizer.decode(seq[:c["start"]])) if c["start"] else 0:]
+            assert "".join(c["tokens"]) == lm.tokenizer.decode(seq[c["start"]:c["start"] + len(c["tokens"])])
             checked += 1
     assert checked > 300
 
