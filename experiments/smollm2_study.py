@@ -29,9 +29,9 @@ initialisation and the data order). Every cell is measured the same way (``measu
 
 - XSTest (all 450 prompts, chat template, greedy, ``XSTEST_TOKENS`` new tokens): false-refusal rate on
   the 250 safe prompts, refusal rate on the 200 unsafe ones, every completion with its id and label;
-- general ability: mean loss (and perplexity) of the reference responses of the 200 held-out Dolly
+- general ability: mean loss (and perplexity) of the reference responses of 100 of the 200 held-out Dolly
   records, and the chat-world tasks with checkable answers (add, subtract, copy, reverse, max, min,
-  sort, count; 12 held-out prompts each), scored as "the completion contains the answer";
+  sort, count; 8 held-out prompts each), scored as "the completion contains the answer";
 - geometry: resid_post at the last prompt token of every layer on the XSTest prompts; top-3 energy,
   effective rank and participation ratio per layer, and the alignment of each layer's principal
   directions with the base model's.
@@ -77,9 +77,10 @@ WINDOW = (0.4, 0.6)       # the study's mid depth: layers 12-17 of SmolLM2's 30
 XSTEST_TOKENS = 32
 MIN_COMPLETION = 32   # tokens of a training example left to its completion
 HELDOUT_MAX_LENGTH = 512
-TASK_TOKENS = 48
+HELDOUT_RECORDS = 100   # of the 200 held out, the first that fit (a cell's measurement fits the CPU)
+TASK_TOKENS = 32
 TASKS = ("add", "subtract", "copy", "reverse", "max", "min", "sort", "count")  # "fact" asks about the toy's world
-PER_TASK = 12
+PER_TASK = 8
 # The pilot: short runs at the highest ratio; the (k, lambda) that lowers mid-depth concentration most
 # while the held-out Dolly loss stays within PILOT_LOSS_TOLERANCE of plain SFT's is the grid's VCL.
 PILOT_STEPS, PILOT_RATIO = 24, 0.4
@@ -309,7 +310,7 @@ def heldout_loss(model, tokenizer) -> dict:
     from flowlens.finetune import collate, tokenize_examples
 
     rows = [(n, r["prompt"], r["completion"]) for n, r in read_jsonl(data_paths()["dolly-heldout"])
-            if prompt_fits(tokenizer, r["prompt"], HELDOUT_MAX_LENGTH)]
+            if prompt_fits(tokenizer, r["prompt"], HELDOUT_MAX_LENGTH)][:HELDOUT_RECORDS]
     examples = tokenize_examples(rows, tokenizer, HELDOUT_MAX_LENGTH, True, "dolly-heldout")
     examples.sort(key=lambda e: len(e.input_ids))  # batches of similar length pad little
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
