@@ -237,6 +237,17 @@ def test_edits_with_a_kv_cache_act_where_a_full_forward_pass_says_they_do(lm, sa
                            steered) != steered
 
 
+@pytest.mark.parametrize("positions", ["prompt", "generated", "all"])
+def test_hugging_faces_own_generate_is_steered_as_greedy_generate_is(lm, sae, positions):
+    ids = _prompt_ids(lm, PROMPTS[0])
+    edits = [LMEdit(HOOK, "add", feature=FEATURE, strength=STRENGTH, positions=positions)]
+    with apply_lm_edits(lm, edits, {HOOK: sae}):
+        ours = greedy_generate_tokens(lm.model, lm.tokenizer, [lm.tokenizer.decode(ids[0])], max_new_tokens=10)[0]
+        theirs = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+                                   pad_token_id=lm.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+    assert theirs[:len(ours)] == ours
+
+
 def test_a_prompt_edit_acts_only_in_the_first_pass_and_a_generated_edit_only_after_it(lm, sae):
     seen = []
     edits = {"prompt": LMEdit(HOOK, "add", feature=3, strength=1.0, positions="prompt"),
@@ -338,6 +349,10 @@ def test_edits_are_checked_against_the_model_and_the_sae(lm, sae):
             apply_lm_edits(lm, edits, saes)
     with pytest.raises(EditError, match="empty"):
         generate(lm, "   ", [], max_new_tokens=2)
+    from types import SimpleNamespace
+
+    with pytest.raises(EditError, match="Hugging Face backend"):
+        apply_lm_edits(SimpleNamespace(backend="transformer_lens"), [LMEdit(HOOK, "add", feature=1)], {HOOK: sae})
     assert _no_hooks_left(lm.model)
 
 
