@@ -88,9 +88,9 @@ def add_steer_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sae", required=True, help="SAE directory (sae-lens format; metadata.hook_name "
                                                      "blocks.<l>.hook_resid_post or another residual hook)")
     parser.add_argument("--feature", type=int, required=True, help="SAE feature index")
-    parser.add_argument("--strength", type=float, required=True,
+    parser.add_argument("--strength", type=float, default=None,
                         help="add: times the decoder direction; scale: factor on the feature's activation; set: "
-                             "the activation it gets; ablate: ignored")
+                             "the activation it gets (needed by all three); ablate takes none")
     parser.add_argument("--mode", choices=LM_EDIT_MODES, default="add")
     parser.add_argument("--positions", choices=POSITIONS, default="all",
                         help="which tokens the edit touches: the prompt's, the generated ones (from the second new "
@@ -111,6 +111,12 @@ def steer_command(args) -> int:
 
     if not args.prompt.strip():
         raise ValueError("the prompt is empty: give some text to continue (--prompt TEXT)")
+    if args.strength is None:
+        if args.mode != "ablate":
+            raise ValueError(f"a {args.mode} edit needs --strength S")
+        args.strength = 0.0
+    elif args.mode == "ablate":
+        raise ValueError("an ablate edit takes no --strength (it removes the feature's contribution)")
     if not math.isfinite(args.strength):
         raise ValueError(f"--strength must be a finite number, got {args.strength}")
     sae, hook = load_lm_sae(args.sae)

@@ -376,6 +376,11 @@ def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_lin
                                                                                 max_new_tokens=10)[0]
     assert "without the edit" in printed and "with the edit" in printed
     assert without in printed and steered in printed and without != steered
+    assert main(["steer", "--model", "toy-chat", "--sae", directory, "--feature", str(FEATURE), "--mode", "ablate",
+                 "--prompt", PROMPTS[0], "--max-new-tokens", "10"]) == 0
+    ablated = generate(lm, PROMPTS[0], [LMEdit(HOOK, "ablate", feature=FEATURE)], {HOOK: sae}, max_new_tokens=10)[0]
+    printed = capsys.readouterr().out
+    assert f"edit: ablate feature {FEATURE} at {HOOK}" in printed and ablated in printed.split("with the edit")[-1]
 
     other = Path(tempfile.mkdtemp(prefix="lm-sae-bad-"))
     from saes.sae import SAE, SAEConfig
@@ -396,7 +401,10 @@ def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_lin
             (["--model", "toy-chat", "--sae", directory, "--feature", "1", "--strength", "1", "--prompt", " "],
              "the prompt is empty"),
             (["--model", "toy-chatt", "--sae", directory, "--feature", "1", *common], "did you mean toy-chat"),
-            (["--model", "toy-chat", "--sae", str(other), "--feature", "1", *common], "not an SAE directory")]:
+            (["--model", "toy-chat", "--sae", str(other), "--feature", "1", *common], "not an SAE directory"),
+            (["--model", "toy-chat", "--sae", directory, "--feature", "1", "--prompt", "hi"], "needs --strength"),
+            (["--model", "toy-chat", "--sae", directory, "--feature", "1", "--mode", "ablate", *common],
+             "takes no --strength")]:
         capsys.readouterr()
         status = main(["steer", *args])
         lines = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("Loading")]
