@@ -74,11 +74,12 @@ def main() -> None:
         api = client.view_api(return_format="dict", print_info=False)
         if "/paint" in api.get("named_endpoints", {}):
             from app import Workbench
+            from ui.paint import PaintTab
 
-            bench = Workbench("toy")
-            request = bench.paint_benchmark_request()
+            paint = PaintTab(Workbench("toy"))
+            request = paint.benchmark_request()
             http_p = median_time(lambda: client.predict(*request, api_name="/paint"), args.repeats)
-            direct_p = median_time(lambda: bench.paint(*request), args.repeats)
+            direct_p = median_time(lambda: paint.paint(*request), args.repeats)
             result |= {"paint_http_s": http_p, "paint_python_s": direct_p, "paint_ui_overhead_ratio": http_p / direct_p}
     finally:
         proc.terminate()

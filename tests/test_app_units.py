@@ -11,6 +11,12 @@ import gradio as gr
 import pytest
 
 from app import Workbench, parse_steps, session_key, user_errors, whole_number
+from ui.features import FeaturesTab
+from ui.flowlens import FlowLensTab
+from ui.generate import GenerateTab
+from ui.paint import PaintTab
+from ui.riebench import RIEBenchTab
+from ui.vcl import VCLTab
 
 
 class Request:
@@ -48,9 +54,9 @@ def test_cancel_stops_a_generation_between_two_steps_with_a_message(bench):
             bench.cancel("generate")(request)  # the Cancel button, clicked during step 2
 
     with pytest.raises(gr.Error, match="cancelled"):
-        bench.generate("a red circle", 4, 0, request, progress)
+        GenerateTab(bench).generate("a red circle", 4, 0, request, progress)
     assert seen == [(0, 4), (1, 4)]
-    path, _ = bench.generate("a red circle", 4, 0, request, progress=lambda *a, **k: None)  # usable again
+    path, _ = GenerateTab(bench).generate("a red circle", 4, 0, request, progress=lambda *a, **k: None)  # usable again
     assert Path(path).exists()
 
 
@@ -58,7 +64,7 @@ def test_images_are_served_from_the_session_folder_with_their_exact_pixels(bench
     import numpy as np
     from PIL import Image
 
-    path, _ = bench.generate("a red circle", 1, 3, Request("s1"), progress=lambda *a, **k: None)
+    path, _ = GenerateTab(bench).generate("a red circle", 1, 3, Request("s1"), progress=lambda *a, **k: None)
     assert Path(path).resolve().is_relative_to((bench.data_dir / "sessions" / "s1").resolve())
     direct = bench.t2i.generate("a red circle", steps=1, seed=3)[0]
     assert np.array_equal(np.asarray(Image.open(path).convert("RGB")), np.asarray(direct))
@@ -142,7 +148,7 @@ def test_runner_reports_each_result_and_stops_cleanly_when_cancelled(tmp_path):
 def test_the_sae_method_without_saes_says_which_methods_can_run(tmp_path):
     bench = Workbench("/no/such/model", data_dir=tmp_path)  # no SAEs; the model is never loaded
     with pytest.raises(gr.Error, match="needs SAEs.*activation-diff, neurons or prompt-swap"):
-        list(bench.riebench_run("change shape", ["change-shape-000"], "sae", 5, 1.0, ["mid_block.attentions.0"],
+        list(RIEBenchTab(bench).run("change shape", ["change-shape-000"], "sae", 5, 1.0, ["mid_block.attentions.0"],
                                 "static"))
 
 
@@ -153,7 +159,7 @@ def test_a_feature_card_says_what_else_a_colour_feature_fires_on(bench):
     block = "up_blocks.1.attentions.2"
     card = max((c for c in library.cards(block) if (c.get("label") or "").startswith("colour=")),
                key=lambda c: c["auroc"])
-    text, gallery = bench.feature_card(block, card["id"])
+    text, gallery = FeaturesTab(bench).feature_card(block, card["id"])
     assert f"feature {card['id']}" in text and card["label"] in text
     assert "Firing rate by colour" in text and f"{card['value']} " in text.split("Firing rate by colour")[1]
     assert gallery  # its top images with heatmaps
@@ -220,7 +226,7 @@ def test_every_event_that_can_fail_with_a_message_is_queued(demo):
 def test_a_feature_id_that_is_not_one_is_refused_with_the_range(bench, feature):
     needs_shipped_saes(bench)
     with pytest.raises(gr.Error, match=r"whole number from 0 to 255") as err:
-        bench.feature_card(BLOCK, feature)
+        FeaturesTab(bench).feature_card(BLOCK, feature)
     assert "0000000" not in err.value.message  # 1e30 was shown as 1000000000000000019884624838656
 
 
@@ -237,12 +243,12 @@ def test_no_number_field_rounds_and_no_textbox_cuts_silently(demo):
 
 def test_fractional_steps_and_overlong_prompts_are_refused_not_changed(bench):
     with pytest.raises(gr.Error, match="steps must be a whole number"):
-        bench.generate("a red circle", 2.5, 0, progress=no_progress)
+        GenerateTab(bench).generate("a red circle", 2.5, 0, progress=no_progress)
     with pytest.raises(gr.Error, match="5000 characters long; the limit is 2000"):
-        bench.generate(("a red circle " * 400)[:5000], 1, 0, progress=no_progress)
+        GenerateTab(bench).generate(("a red circle " * 400)[:5000], 1, 0, progress=no_progress)
     needs_shipped_saes(bench)
     with pytest.raises(gr.Error, match="steps must be a whole number"):
-        bench.paint("a red circle", 1.5, 0, BLOCK, 0, "", 2.0, "all", None, progress=no_progress)
+        PaintTab(bench).paint("a red circle", 1.5, 0, BLOCK, 0, "", 2.0, "all", None, progress=no_progress)
 
 
 def test_an_out_of_range_field_names_itself_without_a_server_traceback(caplog):
@@ -289,12 +295,12 @@ def test_a_binary_upload_is_named_and_no_message_shows_a_server_path(bench, uplo
     binary = uploads / "photo.jsonl"
     binary.write_bytes(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 4)
     with pytest.raises(gr.Error) as err:
-        bench.diversity(str(binary), "both")
+        FlowLensTab(bench).diversity(str(binary), "both")
     assert err.value.message.startswith("photo.jsonl is not a UTF-8 text file"), err.value.message
     bad = uploads / "my data.jsonl"
     bad.write_text('{"text": "no prompt here"}\n')
     with pytest.raises(gr.Error) as err:
-        bench.diversity(str(bad), "both")
+        FlowLensTab(bench).diversity(str(bad), "both")
     assert "my data.jsonl: line 1" in err.value.message or "data.jsonl: line 1" in err.value.message
     assert str(uploads) not in err.value.message and gr.utils.get_upload_folder() not in err.value.message
 
@@ -304,7 +310,7 @@ def test_a_vcl_upload_is_named_by_its_own_name_not_the_session_copy(bench, uploa
     data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(12)))
     outputs = []
     with pytest.raises(gr.Error) as err:
-        for output in bench.vcl_run("toy-chat", "uploaded file", str(data), 16, 1.0, 2, 0.3, 0.7, "penalize",
+        for output in VCLTab(bench).run("toy-chat", "uploaded file", str(data), 16, 1.0, 2, 0.3, 0.7, "penalize",
                                     "mean", 2, 1e-4, 8, 0, Request("vcl-upload"), progress=no_progress):
             outputs.append(output)
     message = err.value.message
@@ -317,7 +323,7 @@ def test_a_diverging_vcl_run_says_so_and_its_status_never_reads_finished(bench):
     """Issue 21: lr 1e6 raised torch's LinAlgError (a bare "Error" in the UI) and left "Finished" shown."""
     outputs = []
     with pytest.raises(gr.Error, match=r"training diverged at step \d+ of 30 .*lower the lr \(now 1e\+06\)"):
-        for output in bench.vcl_run("toy-chat", "chat world mixture", None, 32, 1.0, 2, 0.3, 0.7, "penalize",
+        for output in VCLTab(bench).run("toy-chat", "chat world mixture", None, 32, 1.0, 2, 0.3, 0.7, "penalize",
                                     "mean", 30, 1e6, 8, 0, Request("vcl-lr"), progress=no_progress):
             outputs.append(output)
     assert outputs[-1][0].startswith("**Failed**: training diverged")
@@ -359,7 +365,7 @@ def test_riebench_streams_a_few_updates_a_second_however_fast_results_come(bench
 
     monkeypatch.setattr(Runner, "run", FakeRunner(60, 0.01).method())
     started = time.monotonic()
-    outputs = list(bench.riebench_run(*RIEBENCH_ARGS, Request("rb-fast"), progress=no_progress))
+    outputs = list(RIEBenchTab(bench).run(*RIEBENCH_ARGS, Request("rb-fast"), progress=no_progress))
     elapsed = time.monotonic() - started
     assert outputs[-1][0].startswith("**Finished**") and "60 failed" in outputs[-1][0]
     assert len(outputs) - 2 <= elapsed / 0.3 + 1, f"{len(outputs)} updates in {elapsed:.2f} s"
@@ -372,7 +378,7 @@ def test_riebench_cancel_is_said_at_once_and_the_run_reports_where_it_stopped(be
 
     monkeypatch.setattr(Runner, "run", FakeRunner(200, 0.02, stop_delay=0.5).method())
     request, clicked, statuses = Request("rb-cancel"), None, []
-    for output in bench.riebench_run(*RIEBENCH_ARGS, request, progress=no_progress):
+    for output in RIEBenchTab(bench).run(*RIEBENCH_ARGS, request, progress=no_progress):
         statuses.append((time.monotonic(), output[0]))
         if clicked is None and "task(s) done" in output[0]:
             clicked = time.monotonic()
@@ -388,7 +394,7 @@ def test_riebench_reports_finished_when_the_cancel_came_too_late_to_stop_anythin
 
     monkeypatch.setattr(Runner, "run", FakeRunner(3, 0.3, finish=True).method())
     request, statuses = Request("rb-late"), []
-    for output in bench.riebench_run(*RIEBENCH_ARGS, request, progress=no_progress):
+    for output in RIEBenchTab(bench).run(*RIEBENCH_ARGS, request, progress=no_progress):
         statuses.append(output[0])
         if "task(s) done" in output[0]:
             bench.cancel("riebench")(request)
@@ -399,7 +405,7 @@ def test_vcl_cancel_is_said_at_once_and_stops_within_a_second(bench):
     import time
 
     request, clicked, statuses = Request("vcl-cancel"), None, []
-    for output in bench.vcl_run("toy-chat", "chat world mixture", None, 32, 1.0, 2, 0.3, 0.7, "penalize", "mean",
+    for output in VCLTab(bench).run("toy-chat", "chat world mixture", None, 32, 1.0, 2, 0.3, 0.7, "penalize", "mean",
                                 2000, 1e-4, 8, 0, request, progress=no_progress):
         statuses.append((time.monotonic(), output[0]))
         if clicked is None and "step" in output[0] and not output[0].endswith("step 0 of 2000…"):
@@ -415,7 +421,7 @@ def test_vcl_cancel_is_said_at_once_and_stops_within_a_second(bench):
 def test_a_cancel_click_after_the_end_changes_nothing(bench):
     """Issue 21: Cancel after "Finished" overwrote the status with "Cancelled"."""
     request = Request("late-click")
-    bench.generate("a red circle", 1, 0, request, progress=no_progress)
+    GenerateTab(bench).generate("a red circle", 1, 0, request, progress=no_progress)
     assert bench.cancel("generate", "**Cancelled**")(request) == gr.update()
     assert bench.cancel("riebench")(request) is None
 
@@ -430,19 +436,19 @@ def test_changing_the_features_block_refreshes_its_table_and_clears_the_card(dem
                  if trigger is block and event == "change"]
     assert on_change and table._id in [o._id if hasattr(o, "_id") else o for o in on_change[0][1]]
     other = bench.library.blocks[0]
-    rows, summary, feature, card, gallery = bench.feature_block(other, "id", "")
+    rows, summary, feature, card, gallery = FeaturesTab(bench).feature_block(other, "id", "")
     assert summary.endswith(f"of {other}") and [r[0] for r in rows] == [c["id"] for c in bench.library.cards(other)]
     assert feature is None and card == "" and gallery == []
 
 
 def test_frequency_is_a_percentage_everywhere(bench):
     needs_shipped_saes(bench)
-    rows, _ = bench.feature_table(BLOCK, "frequency", "")
+    rows, _ = FeaturesTab(bench).feature_table(BLOCK, "frequency", "")
     card = bench.library.cards(BLOCK)[0]
     assert all(isinstance(r[3], str) and r[3].endswith("%") for r in rows)
     row = next(r for r in rows if r[0] == card["id"])
     assert row[3] == f"{100 * card['frequency']:.3g}%"
-    text, _ = bench.feature_card(BLOCK, card["id"])
+    text, _ = FeaturesTab(bench).feature_card(BLOCK, card["id"])
     assert f"**Fires on** {row[3]} of positions" in text
 
 
@@ -454,8 +460,8 @@ def test_paint_starts_with_a_feature_that_visibly_paints_and_names_it(bench):
     from app import DEFAULT_PROMPT
 
     needs_shipped_saes(bench)
-    feature = bench.default_paint_feature(BLOCK)
-    original, edited, _, _, info = bench.paint(DEFAULT_PROMPT, 4, 0, BLOCK, feature, "", 3, "all", None,
+    feature = PaintTab(bench).default_paint_feature(BLOCK)
+    original, edited, _, _, info = PaintTab(bench).paint(DEFAULT_PROMPT, 4, 0, BLOCK, feature, "", 3, "all", None,
                                                progress=no_progress)
     change = np.abs(np.asarray(Image.open(edited)).astype(int) - np.asarray(Image.open(original)).astype(int))
     assert change.max() > 60
@@ -470,17 +476,17 @@ def test_strokes_painted_before_the_image_was_loaded_get_a_message(bench):
     layer = np.zeros((600, 800, 4), np.uint8)
     layer[100:140, 100:300, 3] = 255
     with pytest.raises(gr.Error, match='click "Load image to paint on" first'):
-        bench.paint("a red circle", 1, 0, BLOCK, 0, "", 3, "all", {"background": None, "layers": [layer],
+        PaintTab(bench).paint("a red circle", 1, 0, BLOCK, 0, "", 3, "all", {"background": None, "layers": [layer],
                                                                  "composite": None}, progress=no_progress)
 
 
 def test_an_icon_says_when_it_draws_another_strength_than_asked(bench):
     needs_shipped_saes(bench)
-    _, info = bench.feature_icon(BLOCK, 3, "", -0.5, progress=no_progress)
+    _, info = PaintTab(bench).feature_icon(BLOCK, 3, "", -0.5, progress=no_progress)
     assert "strength -0.5 is drawn as 1" in info
 
 
 def test_opening_paint_loads_its_image_once_and_keeps_strokes(bench):
-    loaded = bench.paint_canvas_if_empty("a red circle", 1, 0, None, progress=no_progress)
+    loaded = PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, None, progress=no_progress)
     assert loaded["background"] is not None and loaded["layers"] == []
-    assert bench.paint_canvas_if_empty("a red circle", 1, 0, loaded, progress=no_progress) == gr.update()
+    assert PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, loaded, progress=no_progress) == gr.update()

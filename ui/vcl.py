@@ -1,0 +1,213 @@
+"""The "VCL fine-tuning" tab: SFT plus lambda x the Variance Concentration Loss on a copy of a chat model.
+
+Widgets (model, training data, loss settings, run settings) -> `flowlens.vcl.VCLConfig` inside
+`flowlens.finetune.FinetuneConfig` -> `flowlens.finetune.finetune` in a thread on a private copy of the model
+(`interp.models.lm.load_hf_lm`); its log streams into `loss_curves_figure` (at most every `STREAM_INTERVAL_S`),
+and the refusal evaluation before and after training into a table. Cancel sets the session's flag; finetune
+stops after its current step with a checkpoint, and the stream says so.
+HTTP API: /vcl (model_name, source, upload, n_examples, weight, k, window_start, window_end, sign, pooling,
+steps, lr, batch_size, eval_per_kind).
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import gradio as gr
+import torch
+
+from ui.common import (POLL_S, STREAM_INTERVAL_S, UPLOADED, Number, Slider, fetch_hint, finite_number, run_in_thread,
+                       status_on_failure, user_errors, whole_number, world_records)
+
+
+def build_vcl_tab(bench) -> VCLTab:
+    from flowlens.vcl import POOLINGS, SIGNS
+
+    tab = VCLTab(bench)
+    models = bench.chat_models()
+    with gr.Tab("VCL fine-tuning", id="vcl"):
+        gr.Markdown("Fine-tune a copy of a chat model with SFT plus lambda x the Variance Concentration Loss on the "
+                    "residuals of a window of layers; watch both terms, then compare refusals and task accuracy "
+                    "before and after." + ("" if models else "\n\n**No embedded chat model is present.**")
+                    + fetch_hint(models))
+        with gr.Row():
+            with gr.Column():
+                model = gr.Dropdown(models, value=models[0] if models else None, label="Model", elem_id="vcl-model")
+                source = gr.Radio(["chat world mixture", UPLOADED], value="chat world mixture", label="Training data",
+                                  elem_id="vcl-source")
+                upload = gr.File(label="SFT data (JSONL: prompt, completion; 2 MB at most)", file_types=[".jsonl"],
+                                 type="filepath", elem_id="vcl-upload")
+                n_examples = Number(value=256, minimum=1, label="Examples (chat world)", elem_id="vcl-examples")
+            with gr.Column():
+                gr.Markdown("**Loss**")
+                with gr.Row():
+                    weight = Number(value=1.0, label="lambda", elem_id="vcl-lambda")
+                    k = Number(value=2, minimum=1, label="k", elem_id="vcl-k")
+                with gr.Row():
+                    window_start = Slider(0, 1, value=0.3, step=0.05, label="window a", elem_id="vcl-window-a")
+                    window_end = Slider(0, 1, value=0.7, step=0.05, label="window b", elem_id="vcl-window-b")
+                with gr.Row():
+                    sign = gr.Radio(list(SIGNS), value="penalize", label="sign", elem_id="vcl-sign")
+                    pooling = gr.Radio(list(POOLINGS), value="mean", label="pooling", elem_id="vcl-pooling")
+            with gr.Column():
+                gr.Markdown("**Run**")
+                with gr.Row():
+                    steps = Number(value=30, minimum=1, maximum=2000, label="steps", elem_id="vcl-steps")
+                    lr = Number(value=1e-4, label="lr", elem_id="vcl-lr")
+                with gr.Row():
+                    batch_size = Number(value=8, minimum=1, maximum=64, label="batch", elem_id="vcl-batch")
+                    eval_per_kind = Number(value=8, minimum=0, maximum=100, label="eval prompts per kind (0: none)",
+                                           elem_id="vcl-eval")
+                with gr.Row():
+                    run = gr.Button("Fine-tune", variant="primary", elem_id="vcl-run")
+                    cancel = gr.Button("Cancel", variant="stop", elem_id="vcl-cancel")
+        status = gr.Markdown(elem_id="vcl-status")
+        with gr.Row():
+            curves = gr.Plot(label="Loss curves", elem_id="vcl-curves")
+            table = gr.Dataframe(headers=["metric", "before", "after"], interactive=False, label="Before / after",
+                                 elem_id="vcl-table")
+    # inputs by name: the handler's parameters; the dict's order is the HTTP API's
+    run.click(tab.run, inputs_kwargs={"model_name": model, "source": source, "upload": upload,
+                                      "n_examples": n_examples, "weight": weight, "k": k,
+                                      "window_start": window_start, "window_end": window_end, "sign": sign,
+                                      "pooling": pooling, "steps": steps, "lr": lr, "batch_size": batch_size,
+                                      "eval_per_kind": eval_per_kind},
+              outputs=[status, curves, table], api_name="vcl", concurrency_limit=1)
+    # The run's own generator reports the clean stop (status, curves up to the last step), so the
+    # button sets the session's Event and leaves the stream open until finetune returns.
+    cancel.click(bench.cancel("fine-tuning"), None, None, queue=False, api_name=False)
+    return tab
+
+
+class VCLTab:
+    def __init__(self, bench):
+        self.bench = bench
+
+    @user_errors
+    @status_on_failure(3)
+    def run(self, model_name: str, source: str, upload, n_examples, weight, k, window_start, window_end,
+            sign: str, pooling: str, steps, lr, batch_size, eval_per_kind, request: gr.Request = None,
+            progress=gr.Progress()):
+        """Fine-tune a fresh copy of the model with SFT + lambda x VCL; streams the loss curves."""
+        from flowlens.finetune import FinetuneConfig, finetune, loss_curves_figure, read_log
+        from flowlens.vcl import VCLConfig
+        from flowlens.refusals import context_length
+        from interp.models.lm import load_hf_lm
+
+        bench = self.bench
+        bench.known_lm(model_name)
+        # VCLConfig and FinetuneConfig refuse what cannot run (an empty window, an unknown sign, a k above the
+        # batch, ...); whole_number / finite_number only turn the fields' floats into the numbers they take
+        vcl = VCLConfig(k=whole_number(k, "k", 1), weight=weight,
+                        window=(finite_number(window_start, "window start"), finite_number(window_end, "window end")),
+                        sign=sign, pooling=pooling)
+        steps = whole_number(steps, "steps", 1, 2000)
+        batch = whole_number(batch_size, "batch size", 1, 64)
+        eval_per_kind = whole_number(eval_per_kind, "evaluation prompts per kind", 0, 100)
+        run_dir = Path(tempfile.mkdtemp(prefix="vcl-", dir=bench.session_dir(request, "vcl")))
+        data, evaluation = self.data(run_dir, source, upload, whole_number(n_examples, "examples", 1, 20000),
+                                         eval_per_kind)
+        model, tokenizer = load_hf_lm(model_name)  # a private copy: training never touches the shared models
+        config = FinetuneConfig(model=model_name, data=str(data), out=str(run_dir / "run"), steps=steps,
+                                batch_size=batch, lr=finite_number(lr, "lr"), vcl=vcl, save_every=steps,
+                                max_length=min(256, context_length(model) or 256),
+                                chat_template=None,
+                                eval_prompts=str(evaluation) if evaluation else None, eval_max_new_tokens=24,
+                                progress=False)
+        cancel = bench.start_action(request, "fine-tuning")
+        events = run_in_thread(lambda emit: finetune(config, model=model, tokenizer=tokenizer, cancel=cancel))
+        title = f"{model_name}: SFT + {vcl.weight:g} x VCL (k={vcl.k}, window {vcl.window[0]:g}-{vcl.window[1]:g}, " \
+                f"{vcl.sign}, {vcl.pooling})"
+        shown, drawn, cancelling, entries = 0.0, -1, False, []
+        unchanged = gr.update()
+        try:
+            while True:
+                try:
+                    kind, item = events.get(timeout=POLL_S)
+                except queue.Empty:
+                    kind = None
+                if kind == "error":
+                    raise self.failure(item, read_log(config.out), steps, config.lr)
+                if kind == "done":
+                    entries = read_log(config.out)
+                    break
+                if cancel.is_set() and not cancelling:  # the Cancel button: said at once, done after this step
+                    cancelling = True
+                    entries = read_log(config.out)
+                    when = "after the current step" if entries else \
+                        "after the evaluation before training and the first step"
+                    yield f"**Cancelling** at step {len(entries)} of {steps}: the run stops {when}…", \
+                        unchanged, unchanged
+                elif not cancelling and time.monotonic() - shown >= STREAM_INTERVAL_S:  # a few updates a second
+                    shown = time.monotonic()
+                    entries = read_log(config.out)
+                    if len(entries) != drawn:
+                        drawn = len(entries)
+                        progress((len(entries), steps), desc="fine-tuning", unit="step")
+                        phase = ("evaluating before training…" if evaluation else "starting…") if not entries else \
+                            f"step {len(entries)} of {steps}…" if len(entries) < steps else \
+                            f"step {steps} of {steps}; saving" + (" and evaluating after training…" if evaluation
+                                                                 else "…")
+                        yield f"Fine-tuning: {phase}", loss_curves_figure(entries, title), []
+        finally:
+            cancel.set()  # a closed stream stops the run after the current step
+            bench.end_action(request, "fine-tuning", cancel)
+        result = item
+        if result["status"] == "cancelled":
+            status = (f"**Cancelled** cleanly at step {result['step']} of {steps}: the checkpoint is saved in the "
+                      "session's folder; the after-training evaluation was not run.")
+        else:
+            last = entries[-1] if entries else {}
+            status = (f"**Finished** {steps} steps: SFT {last.get('sft_loss', float('nan')):.3f}, "
+                      f"VCL {last.get('vcl_loss', float('nan')):.3f}"
+                      + (f", top-{vcl.k} energy ratio {last['vcl_ratio']:.3f}" if "vcl_ratio" in last else "") + ".")
+        yield status, loss_curves_figure(entries, title), self.table(result)
+
+    # ----- the run's data and what it shows -------------------------------------------------------
+    def data(self, directory: Path, source: str, upload, n_examples: int, eval_per_kind: int):
+        """The training JSONL and the evaluation prompt set of a run, written into the session's folder."""
+        from interp.zoo.chat.world import World, write_jsonl
+
+        data = directory / "train.jsonl"
+        if source == UPLOADED:
+            upload = self.bench.checked_upload(upload, (".jsonl",))
+            data = directory / "upload" / upload.name  # its own name: the messages about it name it so
+            data.parent.mkdir()
+            shutil.copyfile(upload, data)
+        else:
+            write_jsonl(data, World().mixture("train", n_examples, {"general": 0.5, "benign": 0.25, "harmful": 0.25}))
+        if eval_per_kind == 0:
+            return data, None
+        evaluation = directory / "eval.jsonl"
+        write_jsonl(evaluation, world_records(("general", "benign", "harmful"), 3 * eval_per_kind, seed=1))
+        return data, evaluation
+
+    @staticmethod
+    def table(result: dict | None) -> list[list]:
+        if not result or not result.get("eval_before"):
+            return []
+        before, after = result["eval_before"], result.get("eval_after") or {}
+        names = {"task_accuracy": "task accuracy (general)", "false_refusal_rate": "false refusal rate (benign)",
+                 "harmful_refusal_rate": "refusal rate (harmful)"}
+
+        def show(value):
+            return "n/a" if value is None else round(value, 3)
+
+        return [[label, show(before.get(key)), show(after.get(key)) if after else "(not run)"]
+                for key, label in names.items()]
+
+    @staticmethod
+    def failure(err: BaseException, entries: list[dict], steps: int, lr: float) -> BaseException:
+        """A run that diverged (a non-finite loss, or residuals too large for the VCL's eigendecomposition:
+        torch's LinAlgError) as a message saying so and what to lower; anything else as it is."""
+        if isinstance(err, (FloatingPointError, torch.linalg.LinAlgError)):
+            cause = "the loss became non-finite" if isinstance(err, FloatingPointError) else \
+                "the residuals became too large for the VCL's eigendecomposition"
+            step = len(entries) if isinstance(err, FloatingPointError) else len(entries) + 1  # logged or not
+            return ValueError(f"training diverged at step {step} of {steps} ({cause}); lower the lr "
+                              f"(now {lr:g}) or lambda")
+        return err
