@@ -44,9 +44,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .atomic import atomic_write, remove_temporaries
 from .cli import at_least
-from .hooks.diffusion import capture_updates, generate
-from .models.t2i import MAX_SEED
+from .hooks.diffusion import capture_updates
+from .models.t2i import MAX_SEED, generate
 
 FORMAT = "interp-activation-store"
 VERSION = 1
@@ -128,34 +129,6 @@ def read_prompts(path: str | os.PathLike) -> list[str]:
 
 # ----------------------------------------------------------------------------- atomic writes
 
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # not supported on this platform / filesystem: the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write) -> None:
-    """write(tmp_path) then rename to path; on any error the temporary file is removed."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())  # the bytes are on disk before the name says the file is complete
-        os.chmod(tmp, FILE_MODE)  # safetensors, like mkstemp, would leave the file private (0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-
-
 def tensor_digest(tensor: torch.Tensor) -> str:
     """sha256 of a tensor's bytes as safetensors stores them (C order), hashed where they lie in memory."""
     return hashlib.sha256(tensor.contiguous().view(torch.uint8).numpy()).hexdigest()
@@ -165,18 +138,20 @@ def write_shard(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str
     """A safetensors file written atomically, with each tensor's digest in its header; returns the digests."""
     digests = {name: tensor_digest(tensor) for name, tensor in tensors.items()}
     metadata = {**(metadata or {}), CHECKSUM: json.dumps(digests)}
-    _atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    # safetensors, like mkstemp, would leave the file private (0o600): atomic_write makes it FILE_MODE
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), mode=FILE_MODE, durable=True)
     return digests
 
 
 def write_json(path: Path, obj) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2)))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=2)), mode=FILE_MODE, durable=True)
 
 
 def _clean_temporaries(out: Path) -> None:
-    for pattern_dir in (out, out / SHARD_DIR):
-        if pattern_dir.is_dir():
-            for tmp in pattern_dir.glob("*.tmp-*"):
+    for directory in (out, out / SHARD_DIR):
+        remove_temporaries(directory)
+        if directory.is_dir():  # the names of the store's own writer before it used interp.atomic
+            for tmp in directory.glob("*.tmp-*"):
                 tmp.unlink(missing_ok=True)
 
 

@@ -131,10 +131,11 @@ def test_interrupted_collection_resumes_to_the_same_store_as_an_uninterrupted_on
     done = list((out / "shards").glob("*.safetensors"))
     assert 2 <= len(done) < N_IMAGES and not (out / "manifest.json").exists(), "the run was not cut mid-way"
     (out / "shards" / "shard-000007.safetensors.tmp-99999").write_bytes(b"half a shard")  # a write cut short
+    (out / "shards" / ".shard-000008.safetensors.x1y2.tmp").write_bytes(b"half a shard")  # interp.atomic's name
     with pytest.raises(StoreError, match="unfinished collection"):
         ActivationStore(out)
     assert interp_main(_cli_args(out)) == 0
-    assert not list(out.rglob("*.tmp-*"))
+    assert not list(out.rglob("*.tmp-*")) and not list(out.rglob(".*.tmp"))
     _same_store(out, reference)
 
 
