@@ -14,51 +14,21 @@ directory can be typed into the SAE box.
 
 from __future__ import annotations
 
-import functools
-import logging
 import os
 import threading
 from pathlib import Path
 
 import gradio as gr
 
+from .common import MAX_PROMPT_CHARS, quiet_error, user_errors  # the app's one error map and message rules
+
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAINED = ROOT / "saes" / "pretrained"
 MODES = ("add", "scale", "set", "ablate")
 POSITIONS = ("all", "prompt", "generated")
 MAX_NEW_TOKENS = 256
-MAX_PROMPT_CHARS = 2000
 TABLE_ROWS = 200
 DEFAULT_PROMPT = "What colour is the sky?"
-# What a handler may raise for the user to act on, shown as a message (app.py's USER_ERRORS: ModelError,
-# EditError, LMError, ... are ValueErrors).
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError)
-
-
-LOG = logging.getLogger("workbench")  # app.py's logger
-
-
-def _quiet(text: str, where: str) -> gr.Error:
-    LOG.warning("user error in %s: %s", where, text)
-    return gr.Error(text, print_exception=False)
-
-
-def user_errors(fn):
-    """Bad input becomes a message in the UI and one line in the server log, never a traceback (as
-    app.user_errors does)."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except gr.Error as err:
-            raise _quiet(err.message, fn.__name__) from None
-        except USER_ERRORS as err:
-            raise _quiet(str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err), fn.__name__) \
-                from None
-    wrapper.user_errors = True
-    return wrapper
-
-
 def find_lm_saes(roots) -> list[str]:
     """SAE directories on a language-model residual hook, under (or at) each root, depth two at most."""
     from saes.lm_features import sae_hook_name
@@ -212,7 +182,7 @@ class LMSteerPanel:
         try:
             feature = int(rows.iloc[row, 0]) if hasattr(rows, "iloc") else int(rows[row][0])
         except (IndexError, ValueError, TypeError, KeyError):
-            raise _quiet("no feature in that row", "select_row") from None
+            raise quiet_error("no feature in that row", "select_row") from None
         return feature, self.feature_card(sae_dir, feature)
 
 
