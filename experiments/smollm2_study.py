@@ -31,7 +31,8 @@ initialisation and the data order). Every cell is measured the same way (``measu
   the 250 safe prompts, refusal rate on the 200 unsafe ones, every completion with its id and label;
 - general ability: mean loss (and perplexity) of the reference responses of 100 of the 200 held-out Dolly
   records, and the chat-world tasks with checkable answers (add, subtract, copy, reverse, max, min,
-  sort, count; 8 held-out prompts each), scored as "the completion contains the answer";
+  sort, count; 8 held-out prompts each): for numbers, the completion's last number is the answer; for word
+  lists, the answer's words appear in order (``task_correct``);
 - geometry: resid_post at the last prompt token of every layer on the XSTest prompts; top-3 energy,
   effective rank and participation ratio per layer, and the alignment of each layer's principal
   directions with the base model's.
@@ -283,14 +284,22 @@ def xstest_records():
     return read_xstest_csv(path)
 
 
-def contains_answer(completion: str, answer: str) -> bool:
-    """The task's final answer (the number after "is" for arithmetic, else the whole answer) appears in the
-    completion as whole words, case and punctuation aside."""
+NUMERIC_TASKS = ("add", "subtract", "max", "min", "count")
+
+
+def task_correct(completion: str, answer: str, task: str) -> bool:
+    """Whether a completion answers a chat-world task. Numeric tasks: the completion's last number is the answer
+    (the number after "is" in the worked arithmetic), so echoing the prompt's numbers does not count. Word tasks
+    (copy, reverse, sort): the answer's words appear in order, as a run (an echo of the prompt's list is not the
+    reversed or sorted list)."""
     import re
 
-    key = answer.rsplit(" is ", 1)[-1] if " is " in answer else answer
+    if task in NUMERIC_TASKS:
+        key = answer.rsplit(" is ", 1)[-1] if " is " in answer else answer
+        numbers = re.findall(r"-?\d+", completion)
+        return bool(numbers) and numbers[-1] == key.strip().rstrip(".")
     words = lambda text: re.findall(r"[a-z0-9]+", text.lower())
-    needle, hay = words(key), words(completion)
+    needle, hay = words(answer), words(completion)
     return bool(needle) and any(hay[i:i + len(needle)] == needle for i in range(len(hay) - len(needle) + 1))
 
 
@@ -355,13 +364,13 @@ def measure(model, tokenizer, reference) -> dict:
     tasks = task_records()
     completions = generate_completions(model, tokenizer, [t["prompt"] for t in tasks], TASK_TOKENS,
                                        chat_template=True)
-    correct = [contains_answer(c, t["answer"]) for c, t in zip(completions, tasks)]
+    correct = [task_correct(c, t["answer"], t["type"]) for c, t in zip(completions, tasks)]
     by_task = {task: sum(ok for ok, t in zip(correct, tasks) if t["type"] == task) / PER_TASK for task in TASKS}
     general = {"dolly_heldout": heldout_loss(model, tokenizer),
                "chat_world_tasks": {"accuracy": sum(correct) / len(correct), "by_task": by_task, "n": len(tasks),
-                                    "examples": [{"prompt": t["prompt"], "answer": t["answer"], "completion": c,
-                                                  "correct": ok} for t, c, ok in
-                                                 list(zip(tasks, completions, correct))[::PER_TASK]]}}
+                                    "completions": [{"type": t["type"], "prompt": t["prompt"], "answer": t["answer"],
+                                                     "completion": c, "correct": ok}
+                                                    for t, c, ok in zip(tasks, completions, correct)]}}
     geometry = geometry_metrics(residuals(model, tokenizer, [r.prompt for r in records]), reference)
     return {"xstest": xstest, "general": general, "geometry": geometry}
 

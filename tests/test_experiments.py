@@ -127,14 +127,18 @@ def test_smollm2_mixture_has_the_ratio_of_safety_examples_and_no_held_out_record
         study.mixture(0.75, 0, 40)
 
 
-def test_smollm2_chat_world_answers_are_found_as_whole_words():
-    from experiments.smollm2_study import contains_answer
+def test_smollm2_chat_world_answers_count_only_when_given_not_echoed():
+    from experiments.smollm2_study import task_correct
 
-    assert contains_answer("The sum of 32 and 8 is 40.", "2 + 8 = 10, 3 + 0 + 1 = 4, the sum is 40")
-    assert not contains_answer("The sum is 400.", "2 + 8 = 10, the sum is 40")
-    assert contains_answer("Reversed: River, lamp!", "river lamp")
-    assert not contains_answer("lamp river", "river lamp")
-    assert not contains_answer("", "7")
+    assert task_correct("The sum of 32 and 8 is 40.", "2 + 8 = 10, 3 + 0 + 1 = 4, the sum is 40", "add")
+    assert not task_correct("The sum is 400.", "2 + 8 = 10, the sum is 40", "add")
+    # the answer is in the prompt's list: echoing it is not answering
+    assert not task_correct("The least value among 29 13 90 97 42 is 42.", "13", "min")
+    assert task_correct("The smallest is 13.", "13", "min")
+    assert task_correct("Reversed: River, lamp!", "river lamp", "reverse")
+    assert not task_correct("lamp river", "river lamp", "reverse")
+    assert not task_correct("Sort: 38 42 97 77", "38 42 77 97", "sort")
+    assert not task_correct("", "7", "count")
 
 
 def test_smollm2_grid_runs_the_base_then_every_ratio_per_seed_from_the_highest():
