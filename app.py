@@ -108,13 +108,18 @@ def build_ui(bench: Workbench) -> gr.Blocks:
                     "capture, train sparse autoencoders, edit by features, analyse residual geometry. "
                     f"Model: **{bench.model_name}** ({len(blocks)} hookable blocks; SAEs on "
                     f"{', '.join(library_blocks) or 'none'}).")
-        build_generate_tab(bench)
-        build_paint_tab(bench)
-        build_features_tab(bench, demo)
-        build_riebench_tab(bench)
-        build_flowlens_tab(bench)
-        build_vcl_tab(bench)
-        build_lm_steer_tab(bench, number_field=Number)  # the "LM steering" tab (ui/lm_steer.py)
+        with gr.Tabs() as tabs:
+            generate = build_generate_tab(bench)
+            build_paint_tab(bench)
+            features = build_features_tab(bench, demo)
+            build_riebench_tab(bench)
+            build_flowlens_tab(bench)
+            build_vcl_tab(bench)
+            build_lm_steer_tab(bench, number_field=Number)  # the "LM steering" tab (ui/lm_steer.py)
+        # the one link between tabs: a feature of the generated image opens its card in the Features tab
+        generate.open_button.click(features.open_feature,
+                                   inputs_kwargs={"choice": generate.feature_choice, **features.open_inputs},
+                                   outputs=[tabs, *features.open_outputs], api_name=False)
         demo.unload(bench.end_session)
     return demo
 

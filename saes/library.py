@@ -146,6 +146,24 @@ class FeatureLibrary:
             ]
         return result
 
+    def by_relevance(self, tops: dict[str, list[dict]]) -> list[tuple[str, dict]]:
+        """Every block's top features (`top_features`) in one list, the most telling first, as (block, feature).
+
+        Labelled features come before unlabelled ones; within each, a feature that fires on at most half of
+        this image's positions (an object or a region) before one that lights most of it (the background,
+        or everything); then labelled features by their card's label score (AUROC), unlabelled ones in their
+        block's own order (how specific the feature is to this image), blocks in the library's order."""
+        order = {block: i for i, block in enumerate(self.blocks)}
+
+        def key(item):
+            (block, rank), feature = item
+            label_score = float(self.card(block, feature["id"]).get("auroc") or 0.0) if feature.get("label") else 0.0
+            return (not feature.get("label"), heatmap_coverage(feature["heatmap"]) > 0.5, -label_score,
+                    order.get(block, len(order)), rank)
+
+        ranked = sorted((((b, i), f) for b, feats in tops.items() for i, f in enumerate(feats)), key=key)
+        return [(block, feature) for (block, _), feature in ranked]
+
     def explain(self, model, prompt: str, seed: int = 0, steps: int | None = None, n: int = 8):
         """Generate an image and name the features each block used: (image, {block: [feature...]})."""
         from interp.hooks import capture_updates
@@ -214,6 +232,12 @@ def _generate_any(model, prompt: str, seed: int, steps: int | None):
     from interp.models.t2i import generate
 
     return generate(model, prompt, steps=steps, seed=seed, allow_empty_prompt=True)[0]
+
+
+def heatmap_coverage(heatmap) -> float:
+    """The share of an image's positions where a feature fires (its heatmap above zero)."""
+    heatmap = np.asarray(heatmap, dtype=np.float32)
+    return float((heatmap > 0).mean()) if heatmap.size else 0.0
 
 
 def heatmap_overlay(image, heatmap, scale: int = 4, alpha: float = 0.6) -> np.ndarray:

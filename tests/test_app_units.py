@@ -432,13 +432,64 @@ def test_changing_the_features_block_refreshes_its_table_and_clears_the_card(dem
     needs_shipped_saes(bench)
     block = next(b for b in ui.blocks.values() if getattr(b, "elem_id", None) == "features-block")
     table = next(b for b in ui.blocks.values() if getattr(b, "elem_id", None) == "features-table")
+    # on the user's input (a block set with its own table and card, by open_feature, must not clear the card)
     on_change = [(fn, outputs) for trigger, event, fn, _, outputs in dependencies(ui)
-                 if trigger is block and event == "change"]
+                 if trigger is block and event == "input"]
     assert on_change and table._id in [o._id if hasattr(o, "_id") else o for o in on_change[0][1]]
     other = bench.library.blocks[0]
     rows, summary, feature, card, gallery = FeaturesTab(bench).feature_block(other, "id", "")
     assert summary.endswith(f"of {other}") and [r[0] for r in rows] == [c["id"] for c in bench.library.cards(other)]
     assert feature is None and card == "" and gallery == []
+
+
+def test_explore_shows_labelled_features_on_part_of_the_image_first(bench):
+    """Issue 21: the first heatmap shown was an unlabelled feature lighting the whole background."""
+    import numpy as np
+
+    def heatmap_coverage(heatmap):  # the share of positions where the feature fires
+        return float((np.asarray(heatmap) > 0).mean())
+
+    def parse_feature_choice(choice):  # "block #id (label)"
+        block, _, rest = choice.partition(" #")
+        return block, int(rest.split(" ")[0])
+
+    needs_shipped_saes(bench)
+    _, _, state, chosen, _, text = GenerateTab(bench).explore("a large green star in the center on a black background",
+                                                              1, 0, progress=no_progress)
+    shown = [parse_feature_choice(c) for c in chosen["choices"]]
+    assert chosen["value"] == chosen["choices"][0] and len(shown) == sum(map(len, state["features"].values()))
+    features = [next(f for f in state["features"][b] if f["id"] == i) for b, i in shown]
+    labelled = [bool(f["label"]) for f in features]
+    assert labelled[0] and labelled == sorted(labelled, reverse=True)  # every labelled one before any unlabelled
+    first_block, first = shown[0]
+    assert heatmap_coverage(features[0]["heatmap"]) <= 0.5  # an object's feature, not the background's
+    local = [heatmap_coverage(f["heatmap"]) <= 0.5 for f, lab in zip(features, labelled) if lab]
+    assert local == sorted(local, reverse=True)
+    aurocs = [bench.library.card(b, i)["auroc"] for (b, i), f, lab in zip(shown, features, labelled)
+              if lab and heatmap_coverage(f["heatmap"]) <= 0.5]
+    assert aurocs == sorted(aurocs, reverse=True)
+    assert text.startswith(f"**{first_block} feature {first}**: {features[0]['label']}")
+    assert "*Open in the Features tab*" in text and np.asarray(state["image"]).shape[-1] == 3
+
+
+def test_open_in_the_features_tab_selects_it_with_the_chosen_features_block_table_and_card(demo):
+    """Issue 21: "open it in the Features tab" was only a sentence; now a button that opens the feature's card."""
+    bench, ui = demo
+    needs_shipped_saes(bench)
+    button = next(b for b in ui.blocks.values() if getattr(b, "elem_id", None) == "generate-open-feature")
+    tabs = next(b for b in ui.blocks.values() if isinstance(b, gr.Tabs))
+    clicks = [(fn, outputs) for trigger, event, fn, _, outputs in dependencies(ui)
+              if trigger is button and event == "click"]
+    assert len(clicks) == 1 and clicks[0][1][0] is tabs
+    other = bench.library.blocks[0]
+    choice = f"{other} #3"
+    selected, block, rows, summary, feature, card, gallery = FeaturesTab(bench).open_feature(choice, "id", "")
+    assert selected.selected == "features" and block["value"] == other and feature == 3
+    assert summary.endswith(f"of {other}") and card.startswith(f"### {other} feature 3\n")
+    assert card == FeaturesTab(bench).feature_card(other, 3)[0] and len(gallery) == len(bench.library.card(other, 3)
+                                                                                         ["top_images"])
+    with pytest.raises(gr.Error, match="generate an image and choose one of its features first"):
+        FeaturesTab(bench).open_feature(None, "id", "")
 
 
 def test_frequency_is_a_percentage_everywhere(bench):

@@ -368,6 +368,20 @@ def feature_id(library, block: str, feature) -> int:
     return int(number)
 
 
+def feature_choice(block: str, feature: dict) -> str:
+    """How a feature of a block is offered for choice ("block #id (label)"); `parse_feature_choice` reads it."""
+    label = f" ({feature['label']})" if feature.get("label") else ""
+    return f"{block} #{feature['id']}{label}"
+
+
+def parse_feature_choice(choice: str | None) -> tuple[str, int]:
+    """(block, feature id) of a `feature_choice` string."""
+    block, _, rest = (choice or "").partition(" #")
+    if not block or not rest:
+        raise ValueError("generate an image and choose one of its features first")
+    return block, int(rest.split(" ")[0])
+
+
 def world_records(kinds: tuple[str, ...], n: int, seed: int = 0) -> list[dict]:
     """Held-out chat-world examples, the same number of each kind (round robin)."""
     from interp.zoo.chat.world import World

@@ -2,14 +2,15 @@
 
 Widgets (block, sort, label search, feature id) -> `saes.library.FeatureLibrary` (cards, search, card) and the
 analysis image pool the cards were made on (`load_analysis_images`) with `heatmap_overlay`.
-HTTP API: /features (block, sort_by, search), /feature_card (block, feature).
+`open_feature` shows a feature chosen in another tab (the Generate tab's top features): this tab selected, its
+block, table and card. HTTP API: /features (block, sort_by, search), /feature_card (block, feature).
 """
 
 from __future__ import annotations
 
 import gradio as gr
 
-from ui.common import NO_SAES_NOTE, Number, feature_id, percent, user_errors
+from ui.common import NO_SAES_NOTE, Number, feature_id, parse_feature_choice, percent, user_errors
 
 SORT_KEYS = {"AUROC": lambda c: -(c.get("auroc") or 0), "frequency": lambda c: -(c.get("frequency") or 0),
              "mean activation": lambda c: -(c.get("mean_activation") or 0), "id": lambda c: c["id"]}
@@ -44,19 +45,24 @@ def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
     open_card.click(tab.feature_card, inputs_kwargs={"block": block, "feature": feature}, outputs=[card, gallery],
                     api_name="feature_card")
     table.select(tab.select_row, inputs_kwargs={"block": block}, outputs=[feature, card, gallery])
-    # another block: its own table, and the old block's card cleared (a row or id is per block)
-    block.change(tab.feature_block, inputs_kwargs=listing, outputs=[table, summary, feature, card, gallery],
+    # another block chosen: its own table, and the old block's card cleared (a row or id is per block). On the
+    # user's input only: open_feature sets the block together with its table and the card it opens.
+    block.input(tab.feature_block, inputs_kwargs=listing, outputs=[table, summary, feature, card, gallery],
                  api_name=False)
     sort_by.change(tab.feature_table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
     search.submit(tab.feature_table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
     if default_block:
         demo.load(tab.feature_table, inputs_kwargs=listing, outputs=[table, summary])
+    # for a link from another tab (app.py): open_feature's inputs after the choice, and its outputs after the tabs
+    tab.open_inputs = {"sort_by": sort_by, "search": search}
+    tab.open_outputs = [block, table, summary, feature, card, gallery]
     return tab
 
 
 class FeaturesTab:
     def __init__(self, bench):
         self.bench = bench
+        self.open_inputs, self.open_outputs = {}, []  # set by build_features_tab
 
     @user_errors
     def feature_table(self, block: str, sort_by: str, search: str):
@@ -101,6 +107,15 @@ class FeaturesTab:
         row = evt.row_value if hasattr(evt, "row_value") and evt.row_value else None
         feature = row[0] if row else evt.value
         return (feature, *self.feature_card(block, feature))
+
+    @user_errors
+    def open_feature(self, choice: str, sort_by: str, search: str):
+        """A feature chosen elsewhere ("block #id (label)"): this tab selected (its id is "features"), the
+        feature's block with its table, the id and the card."""
+        block, feature = parse_feature_choice(choice)
+        rows, summary = self.feature_table(block, sort_by, search)
+        return (gr.Tabs(selected="features"), gr.update(value=block), rows, summary, feature,
+                *self.feature_card(block, feature))
 
     @user_errors
     def feature_block(self, block: str, sort_by: str, search: str):

@@ -1,7 +1,9 @@
 """The "Generate and explore" tab: a prompt's image and the SAE features that fire on it, with heatmaps.
 
 Widgets (prompt, steps, seed) -> `ui.common.generation_request` -> `T2IModel.generate`, or
-`saes.library.FeatureLibrary.explain` (the image and each block's top features) when the model has SAEs.
+`saes.library.FeatureLibrary.explain` (the image and each block's top features) when the model has SAEs, shown
+labelled and local features first (`FeatureLibrary.by_relevance`). "Open in the Features tab" (`open_feature`,
+wired by app.py's build_ui to `FeaturesTab.open_feature`) shows the chosen feature's card there.
 HTTP API: /explore and /generate (prompt, steps, seed).
 """
 
@@ -10,7 +12,8 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
-from ui.common import DEFAULT_PROMPT, MAX_PROMPT_CHARS, Number, generation_request, percent, user_errors
+from ui.common import DEFAULT_PROMPT, MAX_PROMPT_CHARS, Number, feature_choice, generation_request, \
+    parse_feature_choice, percent, user_errors
 
 
 def build_generate_tab(bench) -> GenerateTab:
@@ -33,18 +36,21 @@ def build_generate_tab(bench) -> GenerateTab:
                 image = gr.Image(label="Image", type="pil", image_mode="RGB", elem_id="image", format="png",
                                  interactive=False, height=320)
             with gr.Column():
-                feature_choice = gr.Dropdown(label="Top features of this image (block #id)", choices=[],
-                                             elem_id="feature-choice")
+                chosen = gr.Dropdown(label="Top features of this image (block #id), labelled ones first",
+                                     choices=[], elem_id="feature-choice")
                 heatmap = gr.Image(label="Heatmap", interactive=False, elem_id="heatmap", height=320)
                 feature_text = gr.Markdown(elem_id="feature-text")
+                # its click is wired in app.py's build_ui: it changes another tab (FeaturesTab.open_feature)
+                tab.open_button = gr.Button("Open in the Features tab", size="sm", elem_id="generate-open-feature")
+                tab.feature_choice = chosen
         # inputs by name: the handler's parameters; the dict's order is the HTTP API's
         request = {"prompt": prompt, "steps": steps, "seed": seed}
         explored = run.click(tab.explore, inputs_kwargs=request,
-                             outputs=[image, info, explore_state, feature_choice, heatmap, feature_text],
+                             outputs=[image, info, explore_state, chosen, heatmap, feature_text],
                              api_name="explore", concurrency_limit=2)
         stop.click(bench.cancel("generate", "**Cancelled**"), None, [info], cancels=[explored], queue=False,
                    api_name=False)
-        feature_choice.change(tab.show_heatmap, inputs_kwargs={"state": explore_state, "choice": feature_choice},
+        chosen.change(tab.show_heatmap, inputs_kwargs={"state": explore_state, "choice": chosen},
                               outputs=[heatmap, feature_text], api_name=False, queue=False)
         gen_api = gr.Button(visible=False)
         gen_api.click(tab.generate, inputs_kwargs=request, outputs=[image, info], api_name="generate")
@@ -54,6 +60,7 @@ def build_generate_tab(bench) -> GenerateTab:
 class GenerateTab:
     def __init__(self, bench):
         self.bench = bench
+        self.open_button = self.feature_choice = None  # the widgets app.py links to the Features tab
 
     @user_errors
     def generate(self, prompt: str, steps: float, seed: float, request: gr.Request = None,
@@ -77,21 +84,11 @@ class GenerateTab:
                 return bench.image_file(request, image, "image"), info, {}, gr.update(choices=[], value=None), None, ""
             image, tops = bench.library.explain(bench.t2i, prompt, seed=seed, steps=steps)
         state = {"image": np.asarray(image), "features": tops}
-        choices = [self._feature_choice(b, f) for b, feats in tops.items() for f in feats]
+        choices = [feature_choice(b, f) for b, f in bench.library.by_relevance(tops)]
         first = choices[0] if choices else None
         overlay, card = self.show_heatmap(state, first, request)
         return (bench.image_file(request, image, "image"), info, state, gr.update(choices=choices, value=first),
                 overlay, card)
-
-    @staticmethod
-    def _feature_choice(block: str, feature: dict) -> str:
-        label = f" ({feature['label']})" if feature.get("label") else ""
-        return f"{block} #{feature['id']}{label}"
-
-    @staticmethod
-    def _parse_choice(choice: str) -> tuple[str, int]:
-        block, _, rest = choice.partition(" #")
-        return block, int(rest.split(" ")[0])
 
     def show_heatmap(self, state: dict, choice: str | None, request: gr.Request = None):
         """Switch the heatmap shown: no model work, from the session's state."""
@@ -99,12 +96,12 @@ class GenerateTab:
 
         if not state or not choice:
             return None, ""
-        block, feature_id = self._parse_choice(choice)
+        block, feature_id = parse_feature_choice(choice)
         feature = next(f for f in state["features"][block] if f["id"] == feature_id)
         card = self.bench.library.card(block, feature_id)
         text = (f"**{block} feature {feature_id}**: {card.get('label') or 'unlabelled'}"
                 + (f" (AUROC {card['auroc']:.2f})" if card.get("auroc") else "")
                 + f"; activation here: max {feature['max']:.2f}, total {feature['total']:.1f}"
                 + (f"; fires on {percent(card['frequency'])} of positions" if card.get("frequency") is not None else "")
-                + ". Open it in the Features tab for its top images.")
+                + ". *Open in the Features tab* shows its card with its top images.")
         return self.bench.image_file(request, heatmap_overlay(state["image"], feature["heatmap"]), "heatmap"), text
