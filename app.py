@@ -37,6 +37,14 @@ CSS = """
 #image img, #heatmap img { width: 100%; height: 100%; object-fit: contain; }
 #paint-original img, #paint-edited img, #paint-difference img, #paint-region img, #paint-icon-image img {
   width: 100%; height: 100%; object-fit: contain; }
+/* RIEBench's gallery: each caption under its square thumbnail, in at most two lines (Gradio lays captions
+   over the bottom of the image, which hid what an edit did there) */
+#riebench-gallery .thumbnail-item { aspect-ratio: auto; height: auto; display: flex; flex-direction: column; }
+#riebench-gallery .thumbnail-item > img { aspect-ratio: 1 / 1; height: auto; flex: none; }
+#riebench-gallery .caption-label { position: static; max-width: 100%; white-space: normal; overflow-wrap: anywhere;
+  border: none; border-radius: 0; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical;
+  padding-bottom: 0; margin-bottom: 4px; }
+#riebench-gallery .grid-wrap { padding-top: 30px; }  /* the first row below the gallery's own label */
 """
 
 

@@ -161,6 +161,9 @@ def pareto_front(points: list[dict]) -> list[dict]:
     return front
 
 
+AXIS_RANGE = (-0.06, 1.06)  # the trade-off plots' axes: success and preservation are in [0, 1]
+
+
 def tradeoff_figure(curves: dict[str, list[dict]]):
     """The interactive (plotly) success-against-preservation plot: one curve per method, hover k_trans and m."""
     import plotly.graph_objects as go
@@ -180,9 +183,46 @@ def tradeoff_figure(curves: dict[str, list[dict]]):
             fig.add_trace(go.Scatter(x=[p["preservation"] for p in front], y=[p["success"] for p in front],
                                      mode="lines", legendgroup=method, showlegend=False, hoverinfo="skip",
                                      line={"color": colour}))
+    # Both axes run to AXIS_RANGE, so that a point at 0 or 1 (the prompt swap's preservation) is drawn whole;
+    # the legend goes below the plot, so that long method labels do not take the data area's width.
     fig.update_layout(xaxis_title="preservation", yaxis_title="edit success",
-                      xaxis_range=[-0.02, 1.02], yaxis_range=[-0.02, 1.02],
+                      xaxis_range=list(AXIS_RANGE), yaxis_range=list(AXIS_RANGE),
+                      legend={"orientation": "h", "x": 0, "xanchor": "left", "y": -0.2, "yanchor": "top"},
+                      margin={"l": 50, "r": 20, "t": 50, "b": 40},
                       title="RIEBench: success vs preservation over k_trans and m")
+    return fig
+
+
+def tradeoff_matplotlib(curves: dict[str, list[dict]]):
+    """The static (matplotlib) plot of tradeoff.png: the methods on their full block sets, the legend below
+    the axes (not over the data), both axes to AXIS_RANGE so that points at 0 and 1 are drawn whole."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # one curve per method on its full block set; single-block runs are in headline.md and the HTML
+    shown = {m: pts for m, pts in curves.items() if pts[0]["block"] is None} or curves
+    fig, ax = plt.subplots(figsize=(7, 5.5))
+    for method, points in sorted(shown.items()):
+        xs, ys = [p["preservation"] for p in points], [p["success"] for p in points]
+        if method == "prompt-swap":
+            ax.scatter(xs, ys, marker="*", s=160, color="black", label=method, zorder=3)
+        else:  # every configuration as a point, the Pareto front as the curve
+            front = pareto_front(points)
+            (line,) = ax.plot([p["preservation"] for p in front], [p["success"] for p in front], marker="o",
+                              label=method)
+            ax.scatter(xs, ys, s=14, alpha=0.4, color=line.get_color())
+    ax.set_xlabel("preservation (other attributes unchanged)")
+    ax.set_ylabel("edit success")
+    ax.set_xlim(*AXIS_RANGE)
+    ax.set_ylim(*AXIS_RANGE)
+    ax.grid(alpha=0.3)
+    ax.set_title("RIEBench: success vs preservation over k_trans and m", fontsize=10)
+    if shown:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=min(3, len(shown)),
+                  frameon=False)
+    fig.tight_layout()
     return fig
 
 
@@ -190,32 +230,10 @@ def plot_tradeoff(curves: dict[str, list[dict]], png: Path, html: Path) -> list[
     """Write the PNG (matplotlib) and HTML (plotly); returns what could not be written and why."""
     problems = []
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        # one curve per method on its full block set; single-block runs are in headline.md and the HTML
-        shown = {m: pts for m, pts in curves.items() if pts[0]["block"] is None} or curves
-        fig, ax = plt.subplots(figsize=(7, 5))
-        for method, points in sorted(shown.items()):
-            xs, ys = [p["preservation"] for p in points], [p["success"] for p in points]
-            if method == "prompt-swap":
-                ax.scatter(xs, ys, marker="*", s=160, color="black", label=method, zorder=3)
-            else:  # every configuration as a point, the Pareto front as the curve
-                front = pareto_front(points)
-                (line,) = ax.plot([p["preservation"] for p in front], [p["success"] for p in front], marker="o",
-                                  label=method)
-                ax.scatter(xs, ys, s=14, alpha=0.4, color=line.get_color())
-        ax.set_xlabel("preservation (other attributes unchanged)")
-        ax.set_ylabel("edit success")
-        ax.set_xlim(-0.02, 1.02)
-        ax.set_ylim(-0.02, 1.02)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-        ax.set_title("RIEBench: success vs preservation over k_trans and m", fontsize=10)
-        fig.tight_layout()
-        fig.savefig(png, dpi=120)
+        fig = tradeoff_matplotlib(curves)
+        fig.savefig(png, dpi=120, bbox_inches="tight")
         plt.close(fig)
     except ImportError as err:
         problems.append(f"tradeoff.png: {err}")

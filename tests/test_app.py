@@ -343,7 +343,8 @@ def wait_until(page, condition: str, timeout_ms: int, watch: str) -> None:
 
 
 def text_includes(selector: str, text: str) -> str:
-    return f"document.querySelector({selector!r}).innerText.includes({text!r})"
+    # null-safe: a tab's widgets are only in the page once the tab has been shown
+    return f"(document.querySelector({selector!r})?.innerText ?? '').includes({text!r})"
 
 
 PAINTED: dict = {}  # the browser paint test's original, edited and region, for the locality test
@@ -389,6 +390,46 @@ def test_browser_generates_an_image(page):
     wait_until(page, text_includes("#generate-info", "seed"), 60_000, "#generate-info")
     page.screenshot(path=str(SCREENSHOTS / "generate.png"), full_page=True)
     assert "seed 0" in page.locator("#generate-info").inner_text()
+
+
+@needs_chromium
+def test_browser_opens_the_generated_images_first_feature_in_the_features_tab(page):
+    """Issue 21: the first heatmap was an unlabelled feature lighting the background, and "open it in the
+    Features tab" was only a sentence."""
+    open_tab(page, "Generate and explore")
+    page.locator("#prompt textarea").fill("a large green star in the center on a black background")
+    page.locator("#generate-button").click()
+    wait_until(page, text_includes("#feature-text", "feature"), 60_000, "#feature-text")
+    chosen = page.locator("#feature-choice input").input_value()
+    block, rest = chosen.split(" #")
+    feature = int(rest.split(" ")[0])
+    if SHIPPED_SAES:
+        assert "(" in rest and "unlabelled" not in page.locator("#feature-text").inner_text()  # a labelled one
+    page.locator("#generate-open-feature").click()
+    wait_until(page, text_includes("#feature-card", f"{block} feature {feature}"), 30_000, "#feature-card")
+    assert page.get_by_role("tab", name="Features").get_attribute("aria-selected") == "true"
+    assert page.locator("#features-block input").input_value() == block
+    assert page.locator("#features-id input").input_value() == str(feature)
+    page.wait_for_timeout(1500)  # nothing clears the card it opened (the block set with it)
+    assert f"{block} feature {feature}" in page.locator("#feature-card").inner_text()
+    assert f"of {block}" in page.locator("#features-summary").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "generate-open-feature.png"), full_page=True)
+
+
+# Where the RIEBench tab's parts overlap or overflow (issue 21), measured in the page: captions over their
+# thumbnails, the table's last column past its edge, the plot's legend beside (not below) its data area.
+RIEBENCH_LAYOUT = """() => {
+  const box = e => e.getBoundingClientRect();
+  const items = [...document.querySelectorAll('#riebench-gallery .thumbnail-item')];
+  const covered = items.filter(i => { const img = i.querySelector('img'), cap = i.querySelector('.caption-label');
+    return img && cap && box(cap).top < box(img).bottom - 1; }).length;
+  const table = document.querySelector('#riebench-table'), heads = [...table.querySelectorAll('th')];
+  const last = heads[heads.length - 1];
+  const legend = document.querySelector('#riebench-plot .legend');
+  const data = document.querySelector('#riebench-plot .nsewdrag');
+  return {thumbnails: items.length, covered: covered, overflow: box(last).right - box(table).right,
+          legend_below: box(legend).top >= box(data).bottom - 1};
+}"""
 
 
 @needs_chromium
@@ -460,6 +501,15 @@ def test_browser_runs_a_two_task_riebench(page):
     page.locator("#riebench-plot .js-plotly-plot").wait_for(timeout=30_000)
     assert "all" in page.locator("#riebench-table").inner_text()
     page.screenshot(path=str(SCREENSHOTS / "riebench.png"), full_page=True)
+    try:  # a laptop's width, where the last column was 225 px past the table's edge
+        page.set_viewport_size({"width": 1100, "height": 1000})
+        page.wait_for_timeout(1000)
+        layout = page.evaluate(RIEBENCH_LAYOUT)
+        page.screenshot(path=str(SCREENSHOTS / "riebench-1100.png"), full_page=True)
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})
+    assert layout["thumbnails"] == 6 and layout["covered"] == 0, layout  # every caption under its image
+    assert layout["overflow"] <= 1 and layout["legend_below"], layout
     page.locator("#riebench-cancel").click()  # nothing runs: the status must not turn to "Cancelled"
     page.wait_for_timeout(1500)
     assert page.locator("#riebench-status").inner_text() == status

@@ -412,6 +412,42 @@ def test_pareto_front_keeps_the_configurations_nothing_beats_on_both_axes():
     assert [(p["preservation"], p["success"]) for p in pareto_front(points)] == [(1.0, 0.0), (0.95, 0.5), (0.8, 0.9)]
 
 
+TRADEOFF_CURVES = {  # a long method label (the UI's six-block SAE run) and points on the axes' ends
+    "sae@down2.1+mid+up0.0+up0.1+up1.1+up1.2": [
+        {"k_trans": 8, "m": 1.0, "success": 0.5, "preservation": 1.0, "block": None},
+        {"k_trans": 32, "m": 2.0, "success": 1.0, "preservation": 0.8, "block": None}],
+    "prompt-swap": [{"k_trans": 0, "m": 1.0, "success": 1.0, "preservation": 0.0, "block": None}]}
+
+
+def test_the_interactive_tradeoff_plot_keeps_its_legend_below_and_draws_points_at_0_and_1_whole():
+    """Issue 21: the legend on the right squeezed the data area, and points at preservation 1 were cut in half
+    by the axis ending at 1.02."""
+    from riebench.report import tradeoff_figure
+
+    layout = tradeoff_figure(TRADEOFF_CURVES).layout
+    assert layout.legend.orientation == "h" and layout.legend.y < 0 and layout.legend.yanchor == "top"
+    for axis in (layout.xaxis, layout.yaxis):
+        low, high = axis.range
+        assert low <= -0.05 and high >= 1.05  # an 8-14 px marker at 0 or 1 stays inside the data area
+
+
+def test_the_tradeoff_png_keeps_its_legend_below_the_axes_and_draws_points_at_0_and_1_whole():
+    import matplotlib.pyplot as plt
+
+    from riebench.report import tradeoff_matplotlib
+
+    fig = tradeoff_matplotlib(TRADEOFF_CURVES)
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+        assert legend.y1 <= axes.y0  # below the data area, not over it
+        for low, high in (ax.get_xlim(), ax.get_ylim()):
+            assert low <= -0.05 and high >= 1.05
+    finally:
+        plt.close(fig)
+
+
 def test_a_new_shapes_category_is_one_registry_entry_and_leaves_the_other_categories_tasks_unchanged(monkeypatch):
     from interp.zoo import shapes as world
     from riebench import categories

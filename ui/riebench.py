@@ -25,6 +25,10 @@ MAX_RIEBENCH_TASKS = 8           # tasks in one interactive run
 RIEBENCH_TASKS_SHOWN = 8         # tasks of a category offered for choice
 TABLE_COLUMNS = ["method", "k_trans", "m", "category", "n", "success", "preservation", "outside_pixel_distance",
                  "target_distance"]
+# The table fits its width: headers that can wrap, widths per column (the method's label is the long one), and
+# cells that wrap (a column past the edge was cut off).
+TABLE_HEADERS = [c.replace("_", " ") for c in TABLE_COLUMNS]
+TABLE_WIDTHS = ["22%", "7%", "5%", "13%", "5%", "9%", "13%", "13%", "13%"]
 
 
 def build_riebench_tab(bench) -> RIEBenchTab:
@@ -63,11 +67,12 @@ def build_riebench_tab(bench) -> RIEBenchTab:
                     run = gr.Button("Run", variant="primary", elem_id="riebench-run")
                     cancel = gr.Button("Cancel", variant="stop", elem_id="riebench-cancel")
         status = gr.Markdown(elem_id="riebench-status")
-        table = gr.Dataframe(label="Results (mean per category)", interactive=False, elem_id="riebench-table")
+        table = gr.Dataframe(label="Results (mean per category)", headers=TABLE_HEADERS, column_widths=TABLE_WIDTHS,
+                             wrap=True, interactive=False, elem_id="riebench-table")
         with gr.Row():
             plot = gr.Plot(label="Success against preservation", elem_id="riebench-plot")
-            # one task per row: original, edited, target
-            gallery = gr.Gallery(label="Original / edited / target, per task", columns=3, height=460,
+            # one task per row: original, edited, target; each caption under its image (app.py's CSS)
+            gallery = gr.Gallery(label="Original / edited / target, per task", columns=3, height=560,
                                  object_fit="contain", elem_id="riebench-gallery")
     category.change(tab.tasks_for, inputs_kwargs={"category": category}, outputs=[task_ids], queue=False,
                     api_name=False)
@@ -204,7 +209,7 @@ class RIEBenchTab:
         rows = category_table(results)
         table = [[round(r[c], 3) if isinstance(r.get(c), float) else r.get(c) for c in TABLE_COLUMNS] for r in rows]
         figure = tradeoff_figure(tradeoff_curves(rows)) if rows else None
-        return status, gr.update(value=table, headers=TABLE_COLUMNS), figure, gallery
+        return status, gr.update(value=table, headers=TABLE_HEADERS), figure, gallery
 
     @staticmethod
     def run_image(out: Path, image, name: str) -> str:
