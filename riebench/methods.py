@@ -475,20 +475,12 @@ def run_plan(model, ctx: TaskContext, plan: EditPlan):
 
 def load_saes(directory: str | Path, blocks: list[str]) -> dict:
     """Block -> SAE from `directory/<block>/` (sae-lens format: cfg.json + sae_weights.safetensors)."""
-    from saes.sae import SAE
+    from saes.sae import SAEFormatError, load_sae_set
 
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise MethodError(f"no SAE directory at {directory}")
-    found = {}
-    for b in blocks:
-        for candidate in (directory / b, directory / f"unet.{b}"):
-            if (candidate / "cfg.json").exists():
-                found[b] = SAE.load(candidate)
-                break
-    if not found:
-        raise MethodError(f"{directory} holds no SAE for {', '.join(blocks)} (expected {directory}/<block>/cfg.json)")
-    return found
+    try:
+        return load_sae_set(directory, blocks)
+    except SAEFormatError as err:
+        raise MethodError(str(err)) from None
 
 
 __all__ = ["METHODS", "method_names", "parse_method_name", "MethodConfig", "MethodError", "EditPlan", "TaskContext", "TaskError", "load_saes",

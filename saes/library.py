@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .features import FEATURES_FILENAME, IMAGES_FILENAME, PROMPTS_FILENAME, pool_fingerprint
-from .sae import CFG_FILENAME, SAE
+from .sae import CFG_FILENAME, SAE, SAEFormatError, load_sae_set
 
 PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
 
@@ -41,10 +41,11 @@ class PaintResult:
 class FeatureLibrary:
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        dirs = sorted(p.parent for p in self.root.glob(f"*/{CFG_FILENAME}"))
-        if not dirs:
-            raise LibraryError(f"no SAEs under {self.root} (train some with `python -m saes train`)")
-        self._saes = {d.name: SAE.load(d).eval() for d in dirs}
+        try:
+            self._saes = load_sae_set(self.root)
+        except SAEFormatError as err:
+            raise LibraryError(str(err)) from None
+        dirs = [self.root / block for block in self._saes]
         self._cards: dict[str, list[dict]] = {}
         pool = load_analysis_images(self.root)
         fingerprint = pool_fingerprint(*pool) if pool is not None else None

@@ -16,7 +16,7 @@ from interp.atomic import atomic_write_text
 from .evaluate import evaluate
 from .features import OBJECT_ATTRIBUTES, cell_probe_accuracy, direction_ceiling, generate_pool, mixture_distances
 from .fidelity import fidelity_table, splice_fidelity
-from .sae import CFG_FILENAME, SAE
+from .sae import SAE, load_sae_set
 from .strict_json import write_json
 
 TARGETS = {"explained_variance_min": 0.8, "dead_fraction_max": 0.05, "label_auroc_min": 0.9}
@@ -33,10 +33,7 @@ def weights_fingerprint(model_dir: str | os.PathLike) -> dict[str, str]:
 
 
 def _blocks(root: Path) -> dict[str, SAE]:
-    dirs = sorted(p.parent for p in root.glob(f"*/{CFG_FILENAME}"))
-    if not dirs:
-        raise ValueError(f"no SAEs under {root} (one directory per block with {CFG_FILENAME})")
-    return {d.name: SAE.load(d) for d in dirs}
+    return load_sae_set(root)
 
 
 def label_coverage(features_summary: dict, min_auroc: float) -> dict[str, dict]:

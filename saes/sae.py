@@ -299,3 +299,31 @@ class SAE(nn.Module):
     def config_dict(self) -> dict:
         return asdict(self.cfg)
 
+
+
+def load_sae_set(root: str | os.PathLike, blocks=None, dtype: str | None = None) -> dict[str, SAE]:
+    """The SAEs of one model: ``root/<block>/`` (cfg.json + weights) each, block name -> SAE (in eval mode).
+
+    ``blocks`` None: every SAE directory under ``root``; otherwise those blocks (a ``unet.`` prefix on the
+    directory or the name is allowed), skipping blocks without an SAE. An error when none is found."""
+    from interp.names import block_name
+
+    root = Path(root)
+    if not root.is_dir():
+        raise SAEFormatError(f"no SAE directory at {root}")
+    found: dict[str, SAE] = {}
+    if blocks is None:
+        for cfg in sorted(root.glob(f"*/{CFG_FILENAME}")):
+            found[block_name(cfg.parent.name)] = SAE.load(cfg.parent, dtype=dtype).eval()
+    else:
+        for block in blocks:
+            key = block_name(block)
+            for candidate in (root / key, root / f"unet.{key}"):
+                if (candidate / CFG_FILENAME).is_file():
+                    found[block] = SAE.load(candidate, dtype=dtype).eval()
+                    break
+    if not found:
+        wanted = f" for {', '.join(blocks)}" if blocks is not None else ""
+        raise SAEFormatError(f"{root} holds no SAE{wanted} (one directory per block, each with {CFG_FILENAME}; "
+                             f"train some with `python -m saes train`)")
+    return found
