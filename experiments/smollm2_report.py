@@ -83,6 +83,46 @@ def summarise(cells: list[dict]) -> tuple[list[dict], list[dict]]:
     return summary, paired
 
 
+def headline(cells: list[dict], summary: list[dict], paired: list[dict]) -> str:
+    """The study's claims next to what this grid measured (README's table)."""
+    data_path = RESULTS / "smollm2_data.json"
+    rows = []
+    if data_path.is_file():
+        diversity = json.loads(data_path.read_text())["diversity"]
+        general = diversity["general (Dolly train)"]["completions"]
+        safety = diversity["safety (AdvBench + templated refusals)"]["completions"]
+        rows.append(["safety data is lexically repetitive (completions: H1 bits, distinct-2; safety vs general)",
+                     "9.18 / 0.048 vs 12.05 / 0.205",
+                     f"{safety['entropy']['H1']:.2f} / {safety['distinct']['distinct-2']:.3f} vs "
+                     f"{general['entropy']['H1']:.2f} / {general['distinct']['distinct-2']:.3f}"])
+    by = {(e["method"], e["ratio"]): e for e in summary}
+    low, high = min(RATIOS), max(RATIOS)
+    base = next((c for c in cells if c["method"] == "base"), None)
+    if ("sft", low) in by and ("sft", high) in by:
+        a, b = by[("sft", low)], by[("sft", high)]
+        rows.append([f"more safety data, more false refusals (XSTest safe prompts; SFT at ratio {low:g} -> {high:g})",
+                     "0.63 -> 0.84 (Llama-3.2-1B)",
+                     f"{show(a['false_refusal_rate'])} -> {show(b['false_refusal_rate'])}"
+                     + (f" (base {base['xstest']['false_refusal_rate']:.3f})" if base else "")])
+        rows.append([f"... and more harmful refusals (XSTest unsafe prompts; ratio {low:g} -> {high:g})", "-",
+                     f"{show(a['harmful_refusal_rate'])} -> {show(b['harmful_refusal_rate'])}"
+                     + (f" (base {base['xstest']['harmful_refusal_rate']:.3f})" if base else "")])
+        rows.append([f"more safety data concentrates mid-depth variance (top-3 energy, window "
+                     f"{WINDOW[0]:g}-{WINDOW[1]:g}; ratio {low:g} -> {high:g})", "rises (figure, no number given)",
+                     f"{show(a['window_top3_energy'])} -> {show(b['window_top3_energy'])}"
+                     + (f" (base {_window_energy(base):.3f})" if base else "")])
+    top = next((p for p in paired if p["ratio"] == high), None)
+    if top is not None:
+        rows.append([f"VCL cuts false refusals by more than 35 points (paired SFT+VCL - SFT, ratio {high:g})",
+                     "< -0.35", show(top["false_refusal_rate"])])
+        rows.append(["... while keeping general ability (paired Δ held-out Dolly loss; Δ chat-world tasks)",
+                     "kept", f"{show(top['dolly_loss'])}; {show(top['task_accuracy'])}"])
+        rows.append(["... and harmful refusals (paired Δ)", "kept", show(top["harmful_refusal_rate"])])
+        rows.append(["VCL lowers the window's concentration (paired Δ top-3 energy)", "yes",
+                     show(top["window_top3_energy"])])
+    return markdown_table(["claim (reference study)", "study", "SmolLM2-135M-Instruct, LoRA (this grid)"], rows)
+
+
 def markdown(cells: list[dict], summary: list[dict], paired: list[dict], pilot: dict | None) -> str:
     base = next((c for c in cells if c["method"] == "base"), None)
     depth = cells[0]["geometry"]["concentration"]["depth"]
@@ -93,6 +133,7 @@ def markdown(cells: list[dict], summary: list[dict], paired: list[dict], pilot: 
             "Mean ± std over seeds.\n\n")
     if stale:
         text += f"**Not current** (computed by other code than is committed): {', '.join(stale)}.\n\n"
+    text += headline(cells, summary, paired) + "\n"
     header = ["model", "safety ratio", "seeds", "false refusal (XSTest safe)", "harmful refusal (XSTest unsafe)",
               "held-out Dolly loss", "chat-world tasks", f"top-3 energy, window {WINDOW[0]:g}-{WINDOW[1]:g}",
               "alignment w/ base", "cells"]
