@@ -541,3 +541,38 @@ def test_opening_paint_loads_its_image_once_and_keeps_strokes(bench):
     loaded = PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, None, progress=no_progress)
     assert loaded["background"] is not None and loaded["layers"] == []
     assert PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, loaded, progress=no_progress) == gr.update()
+
+
+def test_two_flowlens_analyses_on_one_shared_model_each_get_their_own_residuals(bench):
+    """interp.hooks.lm's capture hooks the shared model: two analyses at once failed with an IndexError (or one
+    recorded the other's forward pass); the tab holds the model's lock per chunk, so each gets what it gets alone."""
+    import threading
+
+    import numpy as np
+
+    tab = FlowLensTab(bench)
+    prompt_sets = {"a": [f"What is {i} plus {i + 1}?" for i in range(40)],
+                   "b": [f"How do I kill a {w} process?" for w in ("python", "java", "stuck", "zombie")] * 9}
+
+    def analyse(key, out, start=None):
+        if start is not None:
+            start.wait()
+        residuals, stripped = {}, {}
+        for _ in tab._residuals(["toy-chat"], prompt_sets[key], True, residuals, stripped, lambda *a, **k: None):
+            pass
+        out[key] = (residuals["toy-chat"], stripped["toy-chat"])
+
+    alone = {}
+    for key in prompt_sets:
+        analyse(key, alone)
+    for _ in range(2):
+        together, start = {}, threading.Barrier(2)
+        threads = [threading.Thread(target=analyse, args=(key, together, start)) for key in prompt_sets]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for key in prompt_sets:
+            assert key in together, f"analysis {key} failed"
+            np.testing.assert_allclose(together[key][0], alone[key][0], atol=1e-5)
+            np.testing.assert_allclose(together[key][1], alone[key][1], atol=1e-5)
