@@ -96,7 +96,8 @@ def headline(cells: list[dict], summary: list[dict], paired: list[dict]) -> str:
                      f"{safety['entropy']['H1']:.2f} / {safety['distinct']['distinct-2']:.3f} vs "
                      f"{general['entropy']['H1']:.2f} / {general['distinct']['distinct-2']:.3f}"])
     by = {(e["method"], e["ratio"]): e for e in summary}
-    low, high = min(RATIOS), max(RATIOS)
+    measured = sorted(r for m, r in by if m == "sft") or list(RATIOS)
+    low, high = measured[0], measured[-1]
     base = next((c for c in cells if c["method"] == "base"), None)
     if ("sft", low) in by and ("sft", high) in by:
         a, b = by[("sft", low)], by[("sft", high)]
