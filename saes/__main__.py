@@ -110,11 +110,8 @@ def _train(args) -> int:
 
 
 def _eval(args) -> int:
-    from interp.atomic import atomic_write_text
-
-    from .evaluate import evaluate, markdown_table
+    from .evaluate import evaluate, markdown_table, write_eval
     from .sae import SAE
-    from .strict_json import write_json
 
     from .lm_eval import lm_eval_command, wants_lm_eval
 
@@ -154,12 +151,7 @@ def _eval(args) -> int:
         result["splice_fidelity"] = splice_fidelity(model, sae, _model_block(model, block), prompts[:n], seeds[:n],
                                                     steps=args.steps, progress=True)
         table += "\n" + fidelity_table({block: result["splice_fidelity"]})
-    out = Path(args.out or Path(args.sae) / "eval.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, result)
-    atomic_write_text(out.with_suffix(".md"), table)
-    print(table, end="")
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write_eval(args.sae, args.out, result, table)
     return 0
 
 

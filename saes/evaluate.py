@@ -7,6 +7,7 @@ dense = features firing on more than `dense_threshold` of the vectors.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterable
 
 import torch
@@ -74,3 +75,19 @@ def markdown_table(rows: dict[str, dict]) -> str:
         lines.append(f"| {name} | {r['tokens']} | {r['explained_variance']:.3f} | {r['l0']:.2f} | "
                      f"{r['dead_features']} ({100 * r['dead_fraction']:.1f}%) | {r['dense_features']} |")
     return "\n".join(lines) + "\n"
+
+
+def write_eval(sae_dir, out, result: dict, table: str) -> Path:
+    """``saes eval``'s outputs: strict JSON at ``out`` (default ``<sae_dir>/eval.json``) and the table beside it
+    (``.md``); prints the table and where both went."""
+    from interp.atomic import atomic_write_text
+
+    from .strict_json import write_json
+
+    out = Path(out or Path(sae_dir) / "eval.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result)
+    atomic_write_text(out.with_suffix(".md"), table)
+    print(table, end="")
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return out

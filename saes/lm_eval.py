@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .evaluate import evaluate, markdown_table
+from .evaluate import evaluate, markdown_table, write_eval
 from .sae import SAE
 
 
@@ -153,10 +153,7 @@ def wants_lm_eval(args) -> bool:
 
 def lm_eval_command(args) -> int:
     """`python -m saes eval --sae DIR [--store DIR] [--model NAME --text FILE [--tokens N]]`."""
-    from interp.atomic import atomic_write_text
     from interp.lm_text import read_documents, token_sequences
-
-    from .strict_json import write_json
 
     sae = SAE.load(args.sae)
     trained_at = sae.cfg.metadata.get("hook_name")
@@ -205,12 +202,7 @@ def lm_eval_command(args) -> int:
     table = markdown_table({hook: result})
     if "lm_splice" in result:
         table += "\n" + lm_table({hook: result["lm_splice"]})
-    out = Path(args.out or Path(args.sae) / "eval.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, result)
-    atomic_write_text(out.with_suffix(".md"), table)
-    print(table, end="")
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write_eval(args.sae, args.out, result, table)
     return 0
 
 
