@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# How the toy-chat SAE in this directory was made (a few minutes on 2 CPU cores); run from the repository root.
+# How the toy-chat SAE in this directory was made (about 18 minutes on one thread of a busy 2-core machine); run from
+# the repository root.
 # Corpus: 40,000 chat-world conversations of the train split (60% general tasks, 20% harmful requests with
 # their refusals, 20% benign requests that sound harmful), each rendered by the model's chat template;
 # held out: 2,000 conversations of the held-out split. One mid layer (1 of 4, the toy VCL window), resid_post.
