@@ -483,7 +483,8 @@ def test_open_in_the_features_tab_selects_it_with_the_chosen_features_block_tabl
     assert len(clicks) == 1 and clicks[0][1][0] is tabs
     other = bench.library.blocks[0]
     choice = f"{other} #3"
-    selected, block, rows, summary, feature, card, gallery = FeaturesTab(bench).open_feature(choice, "id", "")
+    selected, model, block, rows, summary, feature, card, gallery, lm_card = FeaturesTab(bench).open_feature(
+        choice, "id", "")
     assert selected.selected == "features" and block["value"] == other and feature == 3
     assert summary.endswith(f"of {other}") and card.startswith(f"### {other} feature 3\n")
     assert card == FeaturesTab(bench).feature_card(other, 3)[0] and len(gallery) == len(bench.library.card(other, 3)
@@ -576,3 +577,34 @@ def test_two_flowlens_analyses_on_one_shared_model_each_get_their_own_residuals(
             assert key in together, f"analysis {key} failed"
             np.testing.assert_allclose(together[key][0], alone[key][0], atol=1e-5)
             np.testing.assert_allclose(together[key][1], alone[key][1], atol=1e-5)
+
+
+def test_features_tab_browses_a_language_models_sae_cards_by_model_and_hook():
+    """Issue 19: LM feature cards in the Features tab, with the model picked there."""
+    from types import SimpleNamespace
+
+    from saes.lm_features import load_lm_cards
+    from ui.lm_steer import PRETRAINED
+
+    tab = FeaturesTab(SimpleNamespace(model_name="toy", library=None))
+    hook = "blocks.1.hook_resid_post"
+    assert tab.models()[0] == "toy" and "toy-chat" in tab.models() and hook in tab.lm_sets["toy-chat"]
+    cards = load_lm_cards(PRETRAINED / "toy-chat" / hook)["features"]
+    blocks, rows, summary, feature, card, gallery, html = tab.model_changed("toy-chat", "frequency", "")
+    assert blocks["value"] == hook and hook in blocks["choices"] and (feature, card, gallery, html) == (None, "", [], "")
+    live = sorted((c for c in cards if c["n_firing"]), key=lambda c: -c["frequency"])
+    assert list(rows.columns) == ["id", "promotes", "max activation", "frequency", "mean activation"]
+    assert rows["id"].tolist()[:5] == [c["id"] for c in live[:5]] and "of blocks.1.hook_resid_post of toy-chat" in summary
+    token = live[0]["promoted"][0]["token"].strip()
+    found, _ = tab.table(hook, "frequency", token, "toy-chat")
+    assert 0 < len(found) <= len(rows) and live[0]["id"] in found["id"].tolist()
+    text, gallery, html = tab.card(hook, live[0]["id"], "toy-chat")
+    assert text.startswith(f"### {hook} feature {live[0]['id']}") and gallery == []
+    assert "promotes:" in html and f"id='f{live[0]['id']}'" in html
+    for bad in (len(cards), -1, 2.5, None):
+        with pytest.raises(gr.Error, match=f"from 0 to {len(cards) - 1}"):
+            tab.card(hook, bad, "toy-chat")
+    with pytest.raises(gr.Error, match="choose one of those"):
+        tab.table("blocks.0.hook_resid_post", "frequency", "", "toy-chat")
+    with pytest.raises(gr.Error, match="choose a model"):
+        tab.table(hook, "frequency", "", "no-such-model")

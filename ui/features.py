@@ -1,17 +1,27 @@
 """The "Features" tab: the feature cards of one block's SAE as a table, and one card with its top images.
 
-Widgets (block, sort, label search, feature id) -> `saes.library.FeatureLibrary` (cards, search, card) and the
-analysis image pool the cards were made on (`load_analysis_images`) with `heatmap_overlay`.
+Model: the app's text-to-image model, or a language model with SAE feature cards (an SAE directory on a residual
+hook with the features.json that `python -m saes features --text` wrote beside it, found where the LM steering
+tab finds SAEs: `ui.lm_steer.lm_sae_roots`). Widgets (model, block, sort, search, feature id) ->
+- the image model: `saes.library.FeatureLibrary` (cards, search, card) and the analysis image pool the cards
+  were made on (`load_analysis_images`) with `heatmap_overlay`;
+- a language model: `saes.lm_features.load_lm_cards` and `card_html` (top contexts with the tokens shaded by
+  activation, histogram, promoted and suppressed tokens); the block is the SAE's hook.
 `open_feature` shows a feature chosen in another tab (the Generate tab's top features): this tab selected, its
-block, table and card. HTTP API: /features (block, sort_by, search), /feature_card (block, feature).
+block, table and card. HTTP API: /features (block, sort_by, search, model), /feature_card (block, feature, model).
 """
 
 from __future__ import annotations
 
 import gradio as gr
 
+from pathlib import Path
+
 from ui.common import NO_SAES_NOTE, Number, feature_id, parse_feature_choice, percent, user_errors
 
+IMAGE_HEADERS = ["id", "label", "AUROC", "frequency", "mean activation"]
+LM_HEADERS = ["id", "promotes", "max activation", "frequency", "mean activation"]
+LM_TABLE_ROWS = 500  # rows of an LM SAE's table (the most frequent first when sorted by frequency)
 SORT_KEYS = {"AUROC": lambda c: -(c.get("auroc") or 0), "frequency": lambda c: -(c.get("frequency") or 0),
              "mean activation": lambda c: -(c.get("mean_activation") or 0), "id": lambda c: c["id"]}
 
@@ -24,7 +34,10 @@ def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
         if not blocks:
             gr.Markdown(NO_SAES_NOTE.format(model=bench.model_name).strip(), elem_id="features-note")
         with gr.Row():
-            block = gr.Dropdown(label="Block", choices=blocks, value=default_block, elem_id="features-block")
+            model = gr.Dropdown(label="Model", choices=tab.models(), value=bench.model_name,
+                                elem_id="features-model")
+            block = gr.Dropdown(label="Block (an LM's: the SAE's hook)", choices=blocks, value=default_block,
+                                elem_id="features-block")
             sort_by = gr.Radio(list(SORT_KEYS), value="AUROC", label="Sort by", elem_id="features-sort")
             search = gr.Textbox(label="Search labels", elem_id="features-search")
             show = gr.Button("Show", elem_id="features-show")
@@ -38,31 +51,165 @@ def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
                 card = gr.Markdown(elem_id="feature-card")
                 gallery = gr.Gallery(label="Top images (heatmap in red)", columns=3, height=300,
                                      elem_id="feature-gallery")
+                lm_card = gr.HTML(elem_id="feature-lm-card")
     # inputs by name: the handlers' parameters; each dict's order is the HTTP API's.
     # Queued: an error of an unqueued event reaches the browser as a bare "Error", without its message.
-    listing = {"block": block, "sort_by": sort_by, "search": search}
-    show.click(tab.feature_table, inputs_kwargs=listing, outputs=[table, summary], api_name="features")
-    open_card.click(tab.feature_card, inputs_kwargs={"block": block, "feature": feature}, outputs=[card, gallery],
+    listing = {"block": block, "sort_by": sort_by, "search": search, "model": model}
+    shown = [card, gallery, lm_card]
+    show.click(tab.table, inputs_kwargs=listing, outputs=[table, summary], api_name="features")
+    open_card.click(tab.card, inputs_kwargs={"block": block, "feature": feature, "model": model}, outputs=shown,
                     api_name="feature_card")
-    table.select(tab.select_row, inputs_kwargs={"block": block}, outputs=[feature, card, gallery])
+    table.select(tab.select, inputs_kwargs={"block": block, "model": model}, outputs=[feature, *shown])
     # another block chosen: its own table, and the old block's card cleared (a row or id is per block). On the
     # user's input only: open_feature sets the block together with its table and the card it opens.
-    block.input(tab.feature_block, inputs_kwargs=listing, outputs=[table, summary, feature, card, gallery],
-                 api_name=False)
-    sort_by.change(tab.feature_table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
-    search.submit(tab.feature_table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
+    block.input(tab.block_changed, inputs_kwargs=listing, outputs=[table, summary, feature, *shown], api_name=False)
+    model.input(tab.model_changed, inputs_kwargs={"model": model, "sort_by": sort_by, "search": search},
+                outputs=[block, table, summary, feature, *shown], api_name=False)
+    sort_by.change(tab.table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
+    search.submit(tab.table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
     if default_block:
-        demo.load(tab.feature_table, inputs_kwargs=listing, outputs=[table, summary])
+        demo.load(tab.table, inputs_kwargs=listing, outputs=[table, summary])
     # for a link from another tab (app.py): open_feature's inputs after the choice, and its outputs after the tabs
     tab.open_inputs = {"sort_by": sort_by, "search": search}
-    tab.open_outputs = [block, table, summary, feature, card, gallery]
+    tab.open_outputs = [model, block, table, summary, feature, *shown]
     return tab
 
 
+def lm_card_sets(roots) -> dict[str, dict[str, str]]:
+    """Language model -> {hook: SAE directory} for every SAE on a residual hook under ``roots`` that has LM feature
+    cards beside it (the model: cfg.json's metadata.model_name)."""
+    import json
+
+    from saes.lm_features import FEATURES_FILENAME, sae_hook_name
+
+    from ui.lm_steer import find_lm_saes
+
+    sets: dict[str, dict[str, str]] = {}
+    for directory in find_lm_saes(roots):
+        path = Path(directory)
+        if not (path / FEATURES_FILENAME).is_file():
+            continue
+        try:
+            raw = json.loads((path / "cfg.json").read_text())
+        except (OSError, ValueError):
+            continue
+        model = (raw.get("metadata") or {}).get("model_name") or raw.get("model_name")
+        if model:
+            sets.setdefault(str(model), {}).setdefault(sae_hook_name(path), directory)
+    return {m: dict(sorted(hooks.items())) for m, hooks in sorted(sets.items())}
+
+
+def _lm_matches(card: dict, query: str) -> bool:
+    """A search of an LM card: the query in its promoted tokens or its top contexts (case-insensitive)."""
+    query = query.lower()
+    text = " ".join([*(t["token"] for t in card["promoted"]),
+                     *("".join(c["tokens"]) for c in card["top_contexts"])]).lower()
+    return query in text
+
+
 class FeaturesTab:
-    def __init__(self, bench):
+    def __init__(self, bench, lm_roots=None):
+        from ui.lm_steer import lm_sae_roots
+
         self.bench = bench
         self.open_inputs, self.open_outputs = {}, []  # set by build_features_tab
+        self.lm_sets = lm_card_sets(lm_sae_roots(lm_roots))
+        self._lm_cards: dict = {}
+
+    # ----- which model: the image model's library, or a language model's SAE cards --------------------
+    def models(self) -> list[str]:
+        return [self.bench.model_name, *(m for m in self.lm_sets if m != self.bench.model_name)]
+
+    def is_lm(self, model) -> bool:
+        return bool(model) and model != self.bench.model_name
+
+    def lm_payload(self, model: str, block: str) -> dict:
+        """The feature cards of the model's SAE at this hook (read once per version of the file)."""
+        from saes.lm_features import FEATURES_FILENAME, load_lm_cards
+
+        hooks = self.lm_sets.get(model)
+        if hooks is None:
+            raise ValueError(f"choose a model: one of {', '.join(self.models())}")
+        if block not in hooks:
+            raise ValueError(f"{model} has feature cards at {', '.join(hooks)}; choose one of those")
+        directory = Path(hooks[block])
+        key = (str(directory), (directory / FEATURES_FILENAME).stat().st_mtime_ns)
+        if key not in self._lm_cards:
+            self._lm_cards[key] = load_lm_cards(directory)
+        return self._lm_cards[key]
+
+    @user_errors
+    def model_changed(self, model: str, sort_by: str, search: str):
+        """Another model chosen: its blocks (an LM's: the hooks with cards), the first one's table, the card cleared."""
+        if self.is_lm(model):
+            blocks = list(self.lm_sets.get(model) or {})
+        else:
+            blocks = self.bench.library.blocks if self.bench.library is not None else []
+        if not blocks:
+            raise ValueError(f"{model} has no SAE feature cards here")
+        block = blocks[0] if self.is_lm(model) else blocks[-1]
+        rows, summary = self.table(block, sort_by, search, model)
+        return gr.update(choices=blocks, value=block), rows, summary, None, "", [], ""
+
+    # ----- the wired handlers: each dispatches on the model -------------------------------------------
+    @user_errors
+    def table(self, block: str, sort_by: str, search: str, model: str | None = None):
+        """(the table as a DataFrame with its headers, a summary line)."""
+        import pandas as pd
+
+        if self.is_lm(model):
+            rows, summary = self.lm_table(model, block, sort_by, search)
+            return pd.DataFrame(rows, columns=LM_HEADERS), summary
+        rows, summary = self.feature_table(block, sort_by, search)
+        return pd.DataFrame(rows, columns=IMAGE_HEADERS), summary
+
+    @user_errors
+    def card(self, block: str, feature, model: str | None = None):
+        """(the card's text, its top images, the LM card's HTML): the image model's or an LM's."""
+        if self.is_lm(model):
+            return self.lm_card(model, block, feature)
+        return (*self.feature_card(block, feature), "")
+
+    @user_errors
+    def select(self, block: str, evt: gr.SelectData, model: str | None = None):
+        row = evt.row_value if hasattr(evt, "row_value") and evt.row_value else None
+        feature = row[0] if row else evt.value
+        return (feature, *self.card(block, feature, model))
+
+    @user_errors
+    def block_changed(self, block: str, sort_by: str, search: str, model: str | None = None):
+        """A new block chosen: its table, and the card of the other block cleared (its id means nothing here)."""
+        rows, summary = self.table(block, sort_by, search, model)
+        return rows, summary, None, "", [], ""
+
+    # ----- a language model's cards -------------------------------------------------------------------
+    def lm_table(self, model: str, block: str, sort_by: str, search: str):
+        payload = self.lm_payload(model, block)
+        cards = [c for c in payload["features"] if c["n_firing"] > 0]
+        if search and search.strip():
+            cards = [c for c in cards if _lm_matches(c, search.strip())]
+        key = {"AUROC": SORT_KEYS["frequency"]}.get(sort_by, SORT_KEYS.get(sort_by, SORT_KEYS["frequency"]))
+        chosen = sorted(cards, key=key)
+        rows = [[c["id"], " ".join(t["token"].strip() or repr(t["token"]) for t in c["promoted"][:5]),
+                 round(c["max_activation"], 3), percent(c["frequency"]), round(c["mean_activation"], 3)]
+                for c in chosen[:LM_TABLE_ROWS]]
+        corpus = payload["corpus"]
+        note = " (an LM SAE has no labels: sorted by frequency)" if sort_by == "AUROC" else ""
+        shown = f"; showing {len(rows)}" if len(rows) < len(chosen) else ""
+        return rows, (f"{len(chosen)} feature(s) of {block} of {model} that fire on {corpus['tokens']} tokens of "
+                      f"{corpus['path']}{shown}{note}")
+
+    def lm_card(self, model: str, block: str, feature):
+        from saes.lm_features import CSS, card_html
+
+        payload = self.lm_payload(model, block)
+        n = len(payload["features"])
+        if (feature is None or feature == "" or not float(feature).is_integer()
+                or not 0 <= float(feature) < n):
+            raise ValueError(f"feature must be a whole number from 0 to {n - 1} ({block} of {model} has {n})")
+        card = payload["features"][int(float(feature))]
+        html = f"<style>{CSS.replace('body{', '.lm-cards{')}</style><div class='lm-cards'>{card_html(card)}</div>"
+        return f"### {block} feature {card['id']} ({model})", [], html
 
     @user_errors
     def feature_table(self, block: str, sort_by: str, search: str):
@@ -113,9 +260,11 @@ class FeaturesTab:
         """A feature chosen elsewhere ("block #id (label)"): this tab selected (its id is "features"), the
         feature's block with its table, the id and the card."""
         block, feature = parse_feature_choice(choice)
-        rows, summary = self.feature_table(block, sort_by, search)
-        return (gr.Tabs(selected="features"), gr.update(value=block), rows, summary, feature,
-                *self.feature_card(block, feature))
+        model = self.bench.model_name
+        rows, summary = self.table(block, sort_by, search, model)
+        blocks = self.bench.library.blocks if self.bench.library is not None else []
+        return (gr.Tabs(selected="features"), gr.update(value=model), gr.update(choices=blocks, value=block), rows,
+                summary, feature, *self.card(block, feature, model))
 
     @user_errors
     def feature_block(self, block: str, sort_by: str, search: str):

@@ -29,6 +29,12 @@ POSITIONS = ("all", "prompt", "generated")
 MAX_NEW_TOKENS = 256
 TABLE_ROWS = 200
 DEFAULT_PROMPT = "What colour is the sky?"
+def lm_sae_roots(extra=None) -> list:
+    """Where LM SAEs are looked for: saes/pretrained/, $WORKBENCH_LM_SAES, then ``extra``."""
+    env = os.environ.get("WORKBENCH_LM_SAES")
+    return [PRETRAINED, *([env] if env else []), *(extra or [])]
+
+
 def find_lm_saes(roots) -> list[str]:
     """SAE directories on a language-model residual hook, under (or at) each root, depth two at most."""
     from saes.lm_features import sae_hook_name
@@ -65,8 +71,7 @@ class LMSteerPanel:
 
     def __init__(self, bench=None, sae_roots=None):
         self.bench = bench
-        env = os.environ.get("WORKBENCH_LM_SAES")
-        self.roots = [PRETRAINED, *([env] if env else []), *(sae_roots or [])]
+        self.roots = lm_sae_roots(sae_roots)
         self._lock = threading.Lock()
         self._lms: dict = {}
         self._saes: dict = {}
@@ -257,4 +262,4 @@ def build_lm_steer_tab(bench=None, sae_roots=None, number_field=gr.Number) -> LM
     return panel
 
 
-__all__ = ["LMSteerPanel", "build_lm_steer_tab", "find_lm_saes"]
+__all__ = ["LMSteerPanel", "build_lm_steer_tab", "find_lm_saes", "lm_sae_roots"]
