@@ -6,9 +6,9 @@ A block's *update* is what it writes into the residual stream of the U-Net:
 Both capture (`capture_updates`) and intervention (`apply_edits`) are context managers.
 They register forward hooks when the `with` block starts and remove them when it ends,
 also when it raises. A hook acts only for the context (thread, asyncio task) that
-entered the `with`: the set of active sessions is a `ContextVar`, so two generations
-running at the same time in two threads on the same pipeline, each inside its own
-`with`, never see each other's captures or edits.
+entered the `with` (a `ScopedHooks` of `interp.hooks.scoped`: the set of active
+sessions is a `ContextVar`), so two generations running at the same time in two threads
+on the same pipeline, each inside its own `with`, never see each other's captures or edits.
 
 Steps are counted per generation by the session that owns them: one U-Net call is one
 denoising step. Under classifier-free guidance, diffusers' SDXL pipelines run the
@@ -22,7 +22,6 @@ guidance (`current_generation_call`). Those names are re-exported here for exist
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +30,7 @@ from ..edits import Edit, EditError, PreparedEdits, prepare_edits, validate_edit
 from ..models.t2i import (SDXL_BLOCKS, BlockInfo, Cancelled, GenerationCall, block_info, current_generation_call,
                           generate, on_each_step, private_pipeline, run_pipeline)
 from ..names import block_name
+from .scoped import ScopedHooks
 
 HALVES = ("cond", "uncond", "all")
 __all__ = ["BlockCapture", "Cancelled", "EditSession", "GenerationCall", "HookError", "NeuronCapture", "ScopedHooks",
@@ -41,10 +41,6 @@ __all__ = ["BlockCapture", "Cancelled", "EditSession", "GenerationCall", "HookEr
 
 class HookError(ValueError):
     """A hook request that cannot be served (unknown block, missing half), with the valid choices."""
-
-
-# Sessions active in the current context; a hook acts only if its session is in here.
-_ACTIVE_SESSIONS: ContextVar[tuple] = ContextVar("interp_diffusion_sessions", default=())
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -136,46 +132,6 @@ class StepState:
             self.step = 0
         else:
             self.step += 1
-
-
-class ScopedHooks:
-    """Forward hooks registered on entering the `with` and removed on leaving it, that act only in the context
-    (thread, asyncio task) that entered it. Subclasses register their hooks in `_register` and start each hook
-    with `if not self._active(): return None`."""
-
-    _handles: list
-    _token = None
-
-    def _register(self) -> list:
-        """Register the hooks; returns their handles."""
-        raise NotImplementedError
-
-    def _active(self) -> bool:
-        return self in _ACTIVE_SESSIONS.get()
-
-    def __enter__(self):
-        self._handles = []
-        try:
-            self._register()
-        except BaseException:
-            self._remove()
-            raise
-        self._token = _ACTIVE_SESSIONS.set(_ACTIVE_SESSIONS.get() + (self,))
-        return self
-
-    def _remove(self):
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def __exit__(self, *exc):
-        try:
-            if self._token is not None:
-                _ACTIVE_SESSIONS.reset(self._token)
-                self._token = None
-        finally:
-            self._remove()
-        return False
 
 
 class UNetSession(ScopedHooks):

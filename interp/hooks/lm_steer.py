@@ -26,7 +26,7 @@ prompt + completion then matches what cached generation computed).
         greedy_generate(lm.model, lm.tokenizer, texts)
 
 A session's hooks act only in the context (thread, asyncio task) that entered it (a `ScopedHooks`
-of `interp.hooks.diffusion`: the set of active sessions is a `ContextVar`), so two threads generating on one
+of `interp.hooks.scoped`: the set of active sessions is a `ContextVar`), so two threads generating on one
 shared model, each inside its own ``with``, never see each other's edits. Nothing stays registered
 once the ``with`` ends. Hugging Face models only (``backend="hf"``): greedy generation runs there.
 
@@ -47,8 +47,8 @@ import numpy as np
 import torch
 
 from ..edits import Edit, EditError, edit_update
-from .diffusion import ScopedHooks
 from .lm import LMHookError, attention_module, decoder_layers, format_prompts, parse_hook_name
+from .scoped import ScopedHooks
 
 LM_EDIT_MODES = ("add", "scale", "set", "ablate")
 POSITIONS = ("prompt", "generated", "all")
