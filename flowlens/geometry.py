@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The one stripping of trailing punctuation (all of string.punctuation), the one last_token_residuals uses.
+from interp.lm_text import strip_trailing_punctuation  # noqa: F401 (re-exported)
+
 CONSTRUCTIONS = ("stacked", "concatenated")
 # Above this width the full SVD of scikit-learn is replaced by torch's randomized low-rank SVD.
 LOW_RANK_WIDTH = 4096
@@ -214,11 +217,6 @@ def structural_alignment(residuals, reference_residuals, n_components: int = 3) 
     reference_directions = per_layer_directions(reference, k)
     score = np.abs(np.einsum("lkd,lkd->lk", directions, reference_directions[paired]))
     return {"score": score, "depth": depth, "reference_layer": paired}
-
-
-def strip_trailing_punctuation(prompt: str) -> str:
-    """The prompt without trailing punctuation and spaces ("How do I kill a process?" -> "...process")."""
-    return prompt.rstrip().rstrip(".?!;:,").rstrip()
 
 
 def pc1_stability(residuals, residuals_stripped, construction: str = "stacked") -> dict:

@@ -111,6 +111,25 @@ def test_every_xstest_type_is_present_with_answers_that_are_not_refusals(chat_wo
         assert {e["kind"] for e in benign} == {"benign"} and {e["kind"] for e in harmful} == {"harmful"}
 
 
+def test_the_recipe_counts_refusals_with_the_workbenchs_one_detector(chat_world):
+    """Issue 20: the recipe had its own prefix list (REFUSAL_STARTS) beside FlowLens' XSTest detector. There is one
+    now (interp.lm_text); on every templated completion of the world it says what the old prefix list said."""
+    import flowlens.refusals
+    import interp.lm_text
+    from interp.zoo.chat.recipe import normalise
+
+    assert is_refusal is interp.lm_text.is_refusal
+    assert flowlens.refusals.KeywordRefusalDetector is interp.lm_text.KeywordRefusalDetector
+    old_starts = ("i'm sorry", "i cannot", "i can't", "sorry", "i won't")  # the recipe's list before issue 20
+    for split in W.SPLITS:
+        for kind in W.KINDS:
+            for e in chat_world.sample(kind, split, 1000, seed=5):
+                old = normalise(e["completion"]).startswith(old_starts)
+                assert is_refusal(e["completion"]) == old == (kind == "harmful"), e
+    for template in W.REFUSALS:
+        assert is_refusal(template.format(topic="weapons"))
+
+
 def test_privacy_of_fictional_people_is_answered_from_the_knowledge_base(chat_world):
     people = {p.name: p for p in chat_world.kb}
     rows = chat_world.sample("benign", "train", 40, type="privacy_fictional")

@@ -113,6 +113,19 @@ def test_pc1_stability_separates_small_perturbations_from_unrelated_residuals():
     assert strip_trailing_punctuation("How do I kill a Python process?! ") == "How do I kill a Python process"
 
 
+def test_pc1_stability_strips_what_the_residual_capture_strips():
+    """Issue 20: geometry stripped .?!;:, and interp.hooks.lm (which computes the stripped residuals) all of
+    string.punctuation; there is one function now, interp.lm_text's, with the capture's behaviour."""
+    import interp.hooks.lm
+    import interp.lm_text
+
+    assert strip_trailing_punctuation is interp.lm_text.strip_trailing_punctuation
+    assert interp.hooks.lm.strip_trailing_punctuation is interp.lm_text.strip_trailing_punctuation
+    assert strip_trailing_punctuation('Say "hello?" ') == "Say \"hello"
+    assert strip_trailing_punctuation("What is 3 plus 4 (or 5)?...") == "What is 3 plus 4 (or 5"
+    assert strip_trailing_punctuation("no punctuation") == "no punctuation"
+
+
 def test_bad_residuals_are_refused():
     with pytest.raises(ValueError, match=r"\(N, L, d\)"):
         concentration_by_layer(np.zeros((3, 4)))

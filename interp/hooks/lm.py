@@ -17,11 +17,12 @@ Nothing stays registered once the ``with`` block ends, also when it raises.
 from __future__ import annotations
 
 import re
-import string
 from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 import torch
+
+from ..lm_text import strip_trailing_punctuation
 
 RESIDUAL_HOOKS = ("resid_pre", "resid_mid", "resid_post")
 _NAME = re.compile(r"^blocks\.(\d+)\.hook_(resid_pre|resid_mid|resid_post)$")
@@ -208,10 +209,6 @@ def capture_residuals(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     with residual_capture(lm, names, last_index) as capture:
         forward_padded(lm, input_ids, attention_mask)
     return capture.activations
-
-
-def strip_trailing_punctuation(prompt: str) -> str:
-    return prompt.rstrip().rstrip(string.punctuation + " ").rstrip()
 
 
 def format_prompts(tokenizer, prompts: Sequence[str], chat_template: bool | None = False,

@@ -34,11 +34,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ...lm_text import is_refusal  # noqa: F401 (the workbench's one refusal detector; used and re-exported)
 from ..training import lr_at, save_checkpoint
 from .model import ChatModelConfig, build_model, format_chat, train_tokenizer
 from .world import GENERAL_TASKS, World, WorldConfig, benign_example, general_example, harmful_example
-
-REFUSAL_STARTS = ("i'm sorry", "i cannot", "i can't", "sorry", "i won't")
 
 
 @dataclass
@@ -145,10 +144,6 @@ def greedy_complete(model, tokenizer, prompts: list[str], max_new_tokens: int = 
 def normalise(text: str) -> str:
     """Case and spacing folded, no space before punctuation: a decoded completion compares to its reference."""
     return re.sub(r"\s+([,.?!])", r"\1", " ".join(text.split())).lower()
-
-
-def is_refusal(completion: str) -> bool:
-    return normalise(completion).startswith(REFUSAL_STARTS)
 
 
 def evaluate(model, tokenizer, world: World, cfg: RecipeConfig, progress: bool = False) -> dict:
