@@ -9,13 +9,18 @@ scratch, by ``smollm2_study.train_cell``). The SAE is the shipped one of the bas
 measured and reported (explained variance at the last prompt token).
 
 1. Residuals at the last prompt token (chat template) of all 450 XSTest prompts at the SAE's hook, encoded.
-2. Features ranked by the difference of mean activation between the prompts the model refused and those
-   it answered (XSTest's string-match detector on the cell's greedy completions).
+2. The prompts are split in two halves (even and odd positions of XSTest's file, so every prompt type is in
+   both): features are chosen on the even half and the effect of ablating them is read on the odd half too,
+   where the choice cannot have fitted the prompts. Two rankings by the difference of mean activation
+   between the prompts the model refused and those it answered (XSTest's string-match detector on the cell's
+   greedy completions): over all prompts (the issue's), and over the safe prompts only (the false refusals'
+   own features).
 3. Generation with the top N features ablated (x - a_f d_f at every position, prompt and generated), for
-   each N, and with N features drawn at random among those that fire on the prompts (a control): XSTest
-   false-refusal and harmful-refusal rates, next to the same generation with no edit.
+   each N and ranking, and with N features drawn at random among those that fire on the prompts (a control):
+   XSTest false-refusal and harmful-refusal rates on all prompts and on the held-out half, next to the same
+   generation with no edit.
 
-Writes ``experiments/results/smollm2_refusal_features.{json,md}``.
+Writes ``experiments/results/smollm2_refusal_features.{json,md,html}`` (the html: the top features' cards).
 """
 
 from __future__ import annotations
@@ -38,22 +43,40 @@ def cell_settings(name: str) -> tuple[float, int]:
     return float(ratio[1:]), int(seed[1:])
 
 
-def rank_features(acts, refused):
-    """(order, difference, mean refused, mean answered, firing rates) over features, largest difference first."""
+def halves(n: int) -> tuple[list[int], list[int]]:
+    """(selection, evaluation) prompt indices: even and odd positions."""
+    return list(range(0, n, 2)), list(range(1, n, 2))
+
+
+def rank_features(acts, refused, rows=None):
+    """Features by mean activation on refused minus answered prompts (over ``rows``, default all), largest first:
+    (order, difference, mean refused, mean answered, firing rate refused, firing rate answered)."""
     import torch
 
     refused = torch.as_tensor(refused, dtype=torch.bool)
+    if rows is not None:
+        acts, refused = acts[list(rows)], refused[list(rows)]
+    if refused.all() or not refused.any():
+        raise ValueError("the ranking needs both refused and answered prompts")
     on, off = acts[refused], acts[~refused]
     difference = on.mean(0) - off.mean(0)
     order = torch.argsort(difference, descending=True)
     return order, difference, on.mean(0), off.mean(0), (on > 0).float().mean(0), (off > 0).float().mean(0)
 
 
-def xstest_rates(records, completions) -> dict:
+def xstest_rates(records, completions, held_out: list[int]) -> dict:
+    """False- and harmful-refusal rates on all prompts and on the held-out ones, with every completion."""
     from flowlens.refusals import score
 
     metrics, rows = score(records, completions)
+    held = [rows[i] for i in held_out]
+
+    def rate(kind):
+        chosen = [r["refused"] for r in held if r["kind"] == kind]
+        return sum(chosen) / len(chosen)
+
     return {"false_refusal_rate": metrics.false_refusal_rate, "harmful_refusal_rate": metrics.harmful_refusal_rate,
+            "held_out": {"false_refusal_rate": rate("benign"), "harmful_refusal_rate": rate("harmful")},
             "refused_counts": metrics.refused_counts,
             "completions": [{k: r[k] for k in ("id", "label", "completion", "refused")} for r in rows]}
 
@@ -104,33 +127,46 @@ def run(args) -> int:
         acts = sae.encode(x).float()
         reconstruction = sae.decode(acts)
     explained = float(1 - ((x - reconstruction) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())
-    order, difference, mean_on, mean_off, rate_on, rate_off = rank_features(acts, refused)
+    selection, held_out = halves(len(records))
+    safe = [i for i in selection if records[i].kind == "benign"]
     cards = _cards(args.sae)
-    top = [{"feature": int(f), "difference": float(difference[f]), "mean_refused": float(mean_on[f]),
-            "mean_answered": float(mean_off[f]), "fires_refused": float(rate_on[f]),
-            "fires_answered": float(rate_off[f]), **cards.get(int(f), {})} for f in order[:max(args.top + [N_CARDS])]]
+    n_listed = max(args.top + [N_CARDS])
+    rankings = {}
+    for ranking, rows in (("all", selection), ("safe", safe)):
+        order, difference, mean_on, mean_off, rate_on, rate_off = rank_features(acts, refused, rows)
+        rankings[ranking] = [
+            {"feature": int(f), "difference": float(difference[f]), "mean_refused": float(mean_on[f]),
+             "mean_answered": float(mean_off[f]), "fires_refused": float(rate_on[f]),
+             "fires_answered": float(rate_off[f]), **cards.get(int(f), {})} for f in order[:n_listed]]
 
     prompts = [r.prompt for r in records]
     saes = {hook: sae}
-    runs = [{"ablated": [], "kind": "none", **xstest_rates(records, generate(
-        lm, prompts, max_new_tokens=XSTEST_TOKENS, chat_template=True, batch_size=64))}]
-    firing = torch.nonzero((acts > 0).any(0)).flatten()
+
+    def measure(kind: str, features: list[int]) -> dict:
+        edits = [LMEdit(hook, "ablate", feature=f, positions="all") for f in features]
+        completions = generate(lm, prompts, edits, saes, max_new_tokens=XSTEST_TOKENS, chat_template=True,
+                               batch_size=64)
+        out = {"ablated": features, "kind": kind, **xstest_rates(records, completions, held_out)}
+        print(f"{kind} {len(features)}: FRR {out['false_refusal_rate']:.3f} HRR {out['harmful_refusal_rate']:.3f} "
+              f"(held out {out['held_out']['false_refusal_rate']:.3f} / {out['held_out']['harmful_refusal_rate']:.3f})"
+              f" at {time.perf_counter() - started:.0f} s", flush=True)
+        return out
+
+    runs = [measure("none", [])]
+    firing = torch.nonzero((acts[selection] > 0).any(0)).flatten()
     generator = torch.Generator().manual_seed(0)
     for n in args.top:
-        for kind, features in (("top", [int(f) for f in order[:n]]),
-                               ("random", [int(f) for f in firing[torch.randperm(len(firing), generator=generator)[:n]]])):
-            edits = [LMEdit(hook, "ablate", feature=f, positions="all") for f in features]
-            completions = generate(lm, prompts, edits, saes, max_new_tokens=XSTEST_TOKENS, chat_template=True,
-                                   batch_size=64)
-            runs.append({"ablated": features, "kind": kind, **xstest_rates(records, completions)})
-            print(f"{kind} {n}: FRR {runs[-1]['false_refusal_rate']:.3f} HRR {runs[-1]['harmful_refusal_rate']:.3f}",
-                  flush=True)
+        for ranking, top in rankings.items():
+            runs.append(measure(f"top ({ranking})", [f["feature"] for f in top[:n]]))
+        runs.append(measure("random", [int(f) for f in firing[torch.randperm(len(firing), generator=generator)[:n]]]))
     result = {"cell": args.cell, "sae": str(args.sae), "hook": hook, "xstest_tokens": XSTEST_TOKENS,
               "cell_rates": {k: cell["xstest"][k] for k in ("false_refusal_rate", "harmful_refusal_rate")},
-              "n_refused": sum(refused), "n_prompts": len(records), "sae_explained_variance": explained,
-              "top_features": top, "runs": runs, "seconds": round(time.perf_counter() - started, 1)}
+              "n_refused": sum(refused), "n_prompts": len(records), "n_selection": len(selection),
+              "n_held_out": len(held_out), "sae_explained_variance": explained,
+              "top_features": rankings, "runs": runs, "seconds": round(time.perf_counter() - started, 1)}
     write_json(RESULTS / "smollm2_refusal_features.json", result)
     (RESULTS / "smollm2_refusal_features.md").write_text(markdown(result))
+    (RESULTS / "smollm2_refusal_features.html").write_text(cards_html(result, args.sae))
     print(markdown(result))
     return 0
 
@@ -160,23 +196,54 @@ def markdown(result: dict) -> str:
             f"Written by `python -m experiments.smollm2_refusal_features`. SAE: `{result['sae']}` at `{result['hook']}` "
             f"(trained on the base model; explained variance on the fine-tuned model's last-prompt-token residuals: "
             f"{result['sae_explained_variance']:.3f}). {result['n_refused']} of {result['n_prompts']} XSTest prompts "
-            f"refused by the fine-tuned model ({result['xstest_tokens']} new tokens, greedy).\n\n")
+            f"refused by the fine-tuned model ({result['xstest_tokens']} new tokens, greedy). Features are chosen on "
+            f"{result['n_selection']} prompts (even positions); *held out*: the other {result['n_held_out']}.\n\n")
     rows = []
-    for n_runs in result["runs"]:
-        rows.append([n_runs["kind"], str(len(n_runs["ablated"])), ", ".join(map(str, n_runs["ablated"][:8]))
-                     + (" ..." if len(n_runs["ablated"]) > 8 else ""), f"{n_runs['false_refusal_rate']:.3f}",
-                     f"{n_runs['harmful_refusal_rate']:.3f}",
-                     f"{n_runs['false_refusal_rate'] - base['false_refusal_rate']:+.3f}",
-                     f"{n_runs['harmful_refusal_rate'] - base['harmful_refusal_rate']:+.3f}"])
-    text += markdown_table(["ablated", "features", "which", "false refusal", "harmful refusal", "Δ false", "Δ harmful"],
-                           rows)
-    text += "\nTop features by mean activation on refused minus answered prompts (last prompt token):\n\n"
-    text += markdown_table(["feature", "Δ mean", "fires (refused)", "fires (answered)", "promotes", "top contexts"],
-                           [[str(f["feature"]), f"{f['difference']:.3f}", f"{f['fires_refused']:.2f}",
-                             f"{f['fires_answered']:.2f}",
-                             " ".join(repr(t) for t in f.get("promoted", [])),
-                             " / ".join(f.get("contexts", []))[:160]] for f in result["top_features"][:N_CARDS]])
+    for run in result["runs"]:
+        shown = ", ".join(map(str, run["ablated"][:6])) + (" ..." if len(run["ablated"]) > 6 else "")
+        rows.append([run["kind"], str(len(run["ablated"])), shown, f"{run['false_refusal_rate']:.3f}",
+                     f"{run['harmful_refusal_rate']:.3f}",
+                     f"{run['false_refusal_rate'] - base['false_refusal_rate']:+.3f}",
+                     f"{run['harmful_refusal_rate'] - base['harmful_refusal_rate']:+.3f}",
+                     f"{run['held_out']['false_refusal_rate']:.3f}", f"{run['held_out']['harmful_refusal_rate']:.3f}"])
+    text += markdown_table(["ablated", "features", "which", "false refusal", "harmful refusal", "Δ false",
+                            "Δ harmful", "false (held out)", "harmful (held out)"], rows)
+    for ranking, top in result["top_features"].items():
+        over = "all prompts" if ranking == "all" else "safe prompts only"
+        text += (f"\nTop features by mean activation on refused minus answered prompts ({over}, selection half, "
+                 f"last prompt token):\n\n")
+        text += markdown_table(["feature", "Δ mean", "fires (refused)", "fires (answered)", "promotes", "top contexts"],
+                               [[str(f["feature"]), f"{f['difference']:.3f}", f"{f['fires_refused']:.2f}",
+                                 f"{f['fires_answered']:.2f}",
+                                 " ".join(repr(t).replace("|", "\\|") for t in f.get("promoted", [])),
+                                 " / ".join(f.get("contexts", []))[:160].replace("|", "\\|")]
+                                for f in top[:N_CARDS]])
     return text
+
+
+def cards_html(result: dict, sae_dir) -> str:
+    """The shipped cards (base-model corpus) of each ranking's top features, with their refusal statistics."""
+    from html import escape
+
+    from saes.lm_features import CSS, card_html, load_lm_cards
+
+    payload = load_lm_cards(sae_dir) or {"features": []}
+    by_id = {int(c["id"]): c for c in payload["features"]}
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Refusal features ({escape(result['cell'])})"
+             f"</title><style>{CSS}</style></head><body><h1>Refusal features of {escape(result['cell'])} at "
+             f"{escape(result['hook'])}</h1><p class='meta'>Features ranked by mean activation at the last prompt token "
+             f"on XSTest prompts the fine-tuned model refused minus those it answered. The cards are the SAE's "
+             f"shipped ones (the base model on its corpus).</p>"]
+    for ranking, top in result["top_features"].items():
+        parts.append(f"<h2>Ranking over {'all' if ranking == 'all' else 'safe'} prompts</h2>")
+        for f in top[:N_CARDS]:
+            parts.append(f"<p class='meta'>#{f['feature']}: Δ mean {f['difference']:.3f}; fires on "
+                         f"{100 * f['fires_refused']:.0f}% of refused and {100 * f['fires_answered']:.0f}% of "
+                         f"answered prompts</p>")
+            if f["feature"] in by_id:
+                parts.append(card_html(by_id[f["feature"]]))
+    parts.append("</body></html>")
+    return "\n".join(parts)
 
 
 if __name__ == "__main__":

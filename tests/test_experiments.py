@@ -186,3 +186,44 @@ def test_smollm2_report_pairs_vcl_with_sft_of_the_same_seed_and_marks_stale_cell
     assert paired[0]["window_top3_energy"]["mean"] == pytest.approx(-0.15)
     text = report.markdown(loaded, summary, paired, None)
     assert "Not current" in text and "vcl-0.4-1" in text and WINDOW[0] == 0.4
+
+
+def test_refusal_features_rank_by_refused_minus_answered_on_the_chosen_prompts_only():
+    import torch
+
+    from experiments.smollm2_refusal_features import cell_settings, halves, rank_features
+
+    assert cell_settings("r0.4-sft-s1") == (0.4, 1)
+    with pytest.raises(ValueError, match="plain-SFT"):
+        cell_settings("r0.4-vcl-k2-l3-s0")
+    selection, held_out = halves(5)
+    assert selection == [0, 2, 4] and held_out == [1, 3] and not set(selection) & set(held_out)
+    # feature 0 fires on refused prompts, feature 1 on answered ones, feature 2 only on the held-out prompt 1
+    acts = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 9.0], [0.0, 1.0, 0.0], [0.0, 0.0, 9.0], [4.0, 0.0, 0.0]])
+    refused = [True, True, False, False, True]
+    order, difference, on, off, fires_on, fires_off = rank_features(acts, refused, selection)
+    assert order.tolist() == [0, 2, 1]  # prompt 1's 9.0 is not seen
+    assert difference.tolist() == pytest.approx([3.0, -1.0, 0.0])
+    assert fires_on[0] == 1.0 and fires_off[1] == 1.0
+    with pytest.raises(ValueError, match="both refused and answered"):
+        rank_features(acts, refused, [0, 4])
+
+
+def test_refusal_features_report_lists_every_run_with_its_held_out_rates_and_the_cards():
+    from experiments.smollm2_refusal_features import cards_html, markdown
+
+    def run(kind, ablated, frr, hrr):
+        return {"kind": kind, "ablated": ablated, "false_refusal_rate": frr, "harmful_refusal_rate": hrr,
+                "held_out": {"false_refusal_rate": frr + 0.01, "harmful_refusal_rate": hrr}}
+
+    top = [{"feature": 7, "difference": 1.5, "fires_refused": 0.9, "fires_answered": 0.1, "promoted": ["I|"],
+            "contexts": ["a [b] c"]}]
+    result = {"cell": "r0.4-sft-s0", "sae": "x", "hook": "blocks.15.hook_resid_post", "xstest_tokens": 32,
+              "sae_explained_variance": 0.7, "n_refused": 100, "n_prompts": 450, "n_selection": 225,
+              "n_held_out": 225, "top_features": {"all": top, "safe": top},
+              "runs": [run("none", [], 0.4, 0.7), run("top (all)", [7], 0.3, 0.5), run("random", [3], 0.4, 0.7)]}
+    text = markdown(result)
+    assert "| top (all) | 1 | 7 | 0.300 | 0.500 | -0.100 | -0.200 | 0.310 | 0.500 |" in text
+    assert "'I\\|'" in text  # a pipe inside a token does not break the table
+    page = cards_html(result, "/nonexistent")
+    assert "#7: Δ mean 1.500" in page and page.count("<h2>") == 2
