@@ -50,7 +50,9 @@ class LMAnalysisConfig:
     """How LM features are analysed; plain values, saved with the cards."""
 
     tokens: int = 20_000          # corpus tokens analysed (sequences are taken in order until this many)
-    max_length: int = 128         # tokens per sequence (the model's context if smaller)
+    max_length: int = 1024        # tokens per sequence (the model's context if smaller): whole documents, mostly;
+                                  # a window that starts mid-document can hold an attention sink at position 1
+                                  # (SmolLM2: norm about 11,000 against 170) whose activations would top the cards
     batch_size: int = 16          # sequences per forward pass
     n_top_contexts: int = 6
     window_before: int = 12       # tokens shown before the top token of a context
