@@ -166,3 +166,192 @@ def test_load_lm_errors_say_what_is_missing(tmp_path, monkeypatch):
         load_lm("someone/not-on-this-machine-7b")
     with pytest.raises(LMError, match="backend"):
         load_lm("toy-chat", backend="jax")
+
+
+# ----------------------------------------------------------------------------- context scoping (issue 20)
+
+def _batch(lm, prompts):
+    return padded(lm.tokenizer, prompts, "right")
+
+
+THREAD_PROMPTS = {"sums": [f"What is {i} plus {i + 1}?" for i in range(6)],
+                  "kills": [f"How do I kill a {w} process?" for w in ("python", "java", "stuck")]}
+
+
+@pytest.mark.parametrize("backend", ["hf", "transformer_lens"])
+def test_two_threads_capturing_on_one_shared_model_each_record_only_their_own_passes(chat_hf, chat_tl, backend):
+    """issue 20: the capture used plain module hooks: two FlowLens analyses on one shared model failed with an
+    IndexError (5 of 5 trials) or recorded the other thread's forward pass. Each capture is context-scoped now."""
+    import threading
+
+    lm = chat_hf if backend == "hf" else chat_tl
+    names = residual_hook_names(lm.n_layers)
+    batches = {key: _batch(lm, prompts) for key, prompts in THREAD_PROMPTS.items()}
+
+    def run(key, out, start=None, rounds=4):
+        if start is not None:
+            start.wait()
+        try:
+            batch = batches[key]
+            seen = []
+            for _ in range(rounds):  # several passes, so the two threads' passes interleave
+                seen.append(capture_residuals(lm, batch.input_ids, batch.attention_mask, names, positions="last"))
+                with residual_capture(lm, names) as capture:
+                    with torch.no_grad():
+                        forward = lm.model(batch.input_ids)
+                    del forward
+                seen.append(capture.activations)
+            out[key] = seen
+        except BaseException as error:  # the IndexError of issue 20 surfaced in the thread
+            out[key] = error
+
+    alone = {}
+    for key in batches:
+        run(key, alone, rounds=1)
+    for _ in range(3):
+        together, start = {}, threading.Barrier(len(batches))
+        threads = [threading.Thread(target=run, args=(key, together, start)) for key in batches]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for key in batches:
+            assert not isinstance(together[key], BaseException), together[key]
+            for i, activations in enumerate(together[key]):
+                reference = alone[key][i % 2]
+                assert set(activations) == set(names)
+                for name in names:
+                    assert activations[name].shape == reference[name].shape, (key, name)
+                    torch.testing.assert_close(activations[name], reference[name], rtol=0, atol=0)
+    assert registered_hooks(lm.model) == 0
+
+
+def test_a_steering_edit_in_one_thread_never_reaches_another_threads_capture(chat_hf):
+    import threading
+
+    from interp.hooks.lm_steer import LMEdit, apply_lm_edits
+
+    lm = chat_hf
+    batch = _batch(lm, THREAD_PROMPTS["sums"])
+    watched = ["blocks.1.hook_resid_post", f"blocks.{lm.n_layers - 1}.hook_resid_post"]
+    edit = LMEdit("blocks.1.hook_resid_post", "add", direction=[4.0] * lm.d_model)
+
+    def run(steered, out, start):
+        start.wait()
+        for _ in range(4):
+            with residual_capture(lm, watched) as capture, torch.no_grad():
+                if steered:
+                    with apply_lm_edits(lm, [edit]):
+                        lm.model(batch.input_ids)
+                else:
+                    lm.model(batch.input_ids)
+            out.setdefault(steered, []).append(capture.activations)
+
+    alone = {}
+    for steered in (False, True):
+        run(steered, alone, _ready())
+    assert not torch.allclose(alone[True][0][watched[1]], alone[False][0][watched[1]])
+    for _ in range(3):
+        together, start = {}, threading.Barrier(2)
+        threads = [threading.Thread(target=run, args=(steered, together, start)) for steered in (False, True)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for steered in (False, True):
+            assert len(together[steered]) == 4
+            for activations in together[steered]:
+                for name in watched:
+                    torch.testing.assert_close(activations[name], alone[steered][0][name], rtol=0, atol=0)
+    assert registered_hooks(lm.model) == 0
+
+
+def test_an_sae_splice_in_one_thread_leaves_another_threads_forward_pass_clean(chat_hf):
+    import threading
+
+    from interp.hooks.lm_splice import residual_replacement
+
+    lm = chat_hf
+    batch = _batch(lm, THREAD_PROMPTS["kills"])
+    with torch.no_grad():
+        clean = lm.model(batch.input_ids).logits
+        with residual_replacement(lm, "blocks.1.hook_resid_mid", torch.zeros_like):
+            zeroed = lm.model(batch.input_ids).logits
+    assert not torch.allclose(clean, zeroed)
+
+    def run(splice, out, start):
+        start.wait()
+        for _ in range(4):
+            with torch.no_grad():
+                if splice:
+                    with residual_replacement(lm, "blocks.1.hook_resid_mid", torch.zeros_like):
+                        logits = lm.model(batch.input_ids).logits
+                else:
+                    logits = lm.model(batch.input_ids).logits
+            out.setdefault(splice, []).append(logits)
+
+    together, start = {}, threading.Barrier(2)
+    threads = [threading.Thread(target=run, args=(splice, together, start)) for splice in (False, True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for logits in together[False]:
+        torch.testing.assert_close(logits, clean, rtol=0, atol=0)
+    for logits in together[True]:
+        torch.testing.assert_close(logits, zeroed, rtol=0, atol=0)
+    assert registered_hooks(lm.model) == 0
+
+
+def test_a_capture_hook_called_from_another_context_records_nothing(chat_hf):
+    """torch can call a kwargs hook without its kwargs while registering it, from another thread's forward:
+    that call is never the session's, so the hook returns at once (as the U-Net sessions' do)."""
+    import threading
+
+    lm = chat_hf
+    names = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid", "blocks.0.hook_resid_post"]
+    with residual_capture(lm, names) as capture:
+        block = lm.model.transformer.h[0]
+        hooks = list(block._forward_pre_hooks.values()) + list(block._forward_hooks.values()) + \
+            list(block.attn._forward_hooks.values())
+        x = torch.zeros(1, 3, lm.d_model)
+        results = []
+
+        def other_thread():
+            for hook in hooks:
+                try:
+                    results.append(hook(block, (x,)))            # a pre-hook called without its kwargs
+                except TypeError:
+                    results.append(hook(block, (x,), (x,)))      # a forward hook: (module, inputs, output)
+
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+        assert len(results) == 3 and all(r is None for r in results)
+        assert capture.activations == {}
+
+
+def test_keep_graph_gives_the_models_own_tensors_with_their_gradients(chat_hf):
+    lm = chat_hf
+    ids = _batch(lm, THREAD_PROMPTS["kills"]).input_ids
+    names = residual_hook_names(lm.n_layers, ["resid_post"])
+    with residual_capture(lm, names, keep_graph=True) as capture:
+        output = lm.model(ids, output_hidden_states=True)
+    for layer, name in enumerate(names[:-1]):
+        assert capture.activations[name] is output.hidden_states[layer + 1]  # the very tensor, in the graph
+    assert capture.activations[names[-1]].requires_grad
+    capture.activations[names[1]].sum().backward()
+    assert lm.model.transformer.h[0].mlp.c_fc.weight.grad.abs().sum() > 0
+    assert lm.model.transformer.h[3].mlp.c_fc.weight.grad is None  # downstream of the hook: untouched
+    lm.model.zero_grad(set_to_none=True)
+    with residual_capture(lm, names) as detached, torch.no_grad():
+        lm.model(ids)
+    assert not detached.activations[names[1]].requires_grad and detached.activations[names[1]].dtype == torch.float32
+
+
+def _ready():
+    import threading
+
+    event = threading.Event()
+    event.set()
+    return event

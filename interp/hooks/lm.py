@@ -11,18 +11,27 @@ through its decoder layers (pre-hook: resid_pre, hook: resid_post) and their att
         lm.model(input_ids)
     capture.activations["blocks.2.hook_resid_post"]    # (batch, positions, d_model)
 
-Nothing stays registered once the ``with`` block ends, also when it raises.
+A capture records only the forward passes run in the context (thread, asyncio task) that entered
+it: it is a `ScopedHooks` (`interp.hooks.scoped`, the one session mechanism of `interp.hooks`), so
+two captures on one shared model in two threads each get their own thread's passes. Nothing stays
+registered once the ``with`` block ends, also when it raises. ``keep_graph=True`` keeps the model's
+own tensors (no detach, no copy) for a loss on them, as VCL fine-tuning does (`flowlens.finetune`).
+
+The LM site table: the names above, on ``decoder_layers(model)`` (the layer lists of
+``_LAYER_LISTS``) and ``attention_module(layer)`` (``_ATTENTION_NAMES``) of a Hugging Face model,
+or the hook points of a TransformerLens model. `language_model` gives the view the hooks need of a
+loaded `interp.models.lm.LanguageModel` or of a bare (also peft-wrapped) Hugging Face model.
 """
 
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
 from typing import Iterable, Sequence
 
 import torch
 
 from ..lm_text import strip_trailing_punctuation
+from .scoped import ScopedHooks
 
 RESIDUAL_HOOKS = ("resid_pre", "resid_mid", "resid_post")
 _NAME = re.compile(r"^blocks\.(\d+)\.hook_(resid_pre|resid_mid|resid_post)$")
@@ -90,56 +99,81 @@ def _is_parallel(config) -> bool:
                 or getattr(config, "model_type", "") in ("gptj", "phi", "falcon"))
 
 
-class ResidualCapture:
-    """Records residual-stream activations by TransformerLens name while it is entered.
+def language_model(model):
+    """The `interp.models.lm.LanguageModel` view hooks need (``model``, ``backend``, ``n_layers``) of a loaded
+    LanguageModel (returned as it is), a bare Hugging Face causal LM (peft-wrapped too, as fine-tuning hands
+    it in) or a bare TransformerLens ``HookedTransformer``. A bare model has no tokenizer (``tokenizer`` None)."""
+    if hasattr(model, "backend"):
+        return model
+    from ..models.lm import LanguageModel, hf_n_ctx
+
+    name = type(model).__name__
+    if hasattr(model, "hook_dict") and hasattr(model, "cfg"):
+        return LanguageModel(model, None, n_layers=model.cfg.n_layers, d_model=model.cfg.d_model,
+                             n_ctx=model.cfg.n_ctx, backend="transformer_lens", name=name)
+    config = getattr(model, "config", None)
+    if not isinstance(model, torch.nn.Module) or getattr(config, "num_hidden_layers", None) is None:
+        raise LMHookError(f"expected a language model (interp.models.lm.LanguageModel, a Hugging Face causal LM or "
+                          f"a HookedTransformer), not {name}")
+    return LanguageModel(model, None, n_layers=config.num_hidden_layers, d_model=config.hidden_size,
+                         n_ctx=hf_n_ctx(config), backend="hf", name=getattr(config, "_name_or_path", "") or name)
+
+
+class ResidualCapture(ScopedHooks):
+    """Records residual-stream activations by TransformerLens name, of the forward passes run in the context
+    (thread, asyncio task) that entered it (a `ScopedHooks`): another thread's pass on the same shared model,
+    also inside a capture of its own, is not recorded here. Each name holds the last pass's tensor.
 
     ``last_index`` (batch,) keeps only the position given per row: tensors are then (batch, d_model);
-    otherwise (batch, positions, d_model). Activations are detached, float32, on the CPU.
+    otherwise (batch, positions, d_model). Activations are detached, float32, on the CPU; with ``keep_graph``
+    they are the model's own tensors (same dtype and device, in the autograd graph), for a loss on them.
     """
 
-    def __init__(self, lm, names: Sequence[str], last_index: torch.Tensor | None = None):
-        self.lm = lm
+    def __init__(self, lm, names: Sequence[str], last_index: torch.Tensor | None = None, keep_graph: bool = False):
+        self.lm = lm = language_model(lm)
         self.names = list(dict.fromkeys(names))
         self.parsed = {name: parse_hook_name(name, lm.n_layers) for name in self.names}
         if lm.backend == "hf" and _is_parallel(lm.model.config) and any(h == "resid_mid" for _, h in self.parsed.values()):
             raise LMHookError(f"{type(lm.model).__name__} computes attention and MLP in parallel: it has no "
                               f"resid_mid; ask for resid_pre or resid_post")
         self.last_index = last_index
+        self.keep_graph = keep_graph
         self.activations: dict[str, torch.Tensor] = {}
+        self._stream_in: dict[int, torch.Tensor] = {}
         self._handles: list = []
 
     def _keep(self, name: str, tensor: torch.Tensor) -> None:
-        tensor = tensor.detach()
+        if not self.keep_graph:
+            tensor = tensor.detach()
         if self.last_index is not None:
             tensor = tensor[torch.arange(tensor.shape[0], device=tensor.device), self.last_index.to(tensor.device)]
-        self.activations[name] = tensor.float().cpu()
-
-    def __enter__(self) -> "ResidualCapture":
-        try:
-            if self.lm.backend == "transformer_lens":
-                self._register_transformer_lens()
-            else:
-                self._register_hf()
-        except BaseException:
-            self.remove()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
+        self.activations[name] = tensor if self.keep_graph else tensor.float().cpu()
 
     def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        """Remove the hooks now (leaving the ``with`` does it too)."""
+        self._remove()
+
+    def _remove(self) -> None:
+        super()._remove()
+        self._stream_in.clear()
+
+    def _register(self) -> None:
+        if self.lm.backend == "transformer_lens":
+            self._register_transformer_lens()
+        else:
+            self._register_hf()
 
     def _register_transformer_lens(self) -> None:
         hook_dict = self.lm.model.hook_dict
         for name in self.names:
             if name not in hook_dict:
                 raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(self.lm.n_layers)}")
-            self._handles.append(hook_dict[name].register_forward_hook(
-                lambda module, inputs, output, name=name: self._keep(name, output)))
+
+            def on_point(module, inputs, output, name=name):
+                if self._active():
+                    self._keep(name, output)
+
+            self._handles.append(hook_dict[name].register_forward_hook(on_point))
 
     def _register_hf(self) -> None:
         layers = decoder_layers(self.lm.model)
@@ -149,28 +183,37 @@ class ResidualCapture:
         for layer, hooks in by_layer.items():
             block = layers[layer]
             pre_name, mid_name, post_name = (f"blocks.{layer}.hook_{h}" for h in RESIDUAL_HOOKS)
-            stream_in: dict[str, torch.Tensor] = {}
+            if hooks & {"resid_pre", "resid_mid"}:
+                # kwargs optional: torch can call a kwargs hook without them while registering it (see scoped.py)
+                def on_block_input(module, args, kwargs=None, hooks=hooks, layer=layer, pre_name=pre_name):
+                    if not self._active():
+                        return None
+                    hidden = args[0] if args else kwargs["hidden_states"]
+                    self._stream_in[layer] = hidden
+                    if "resid_pre" in hooks:
+                        self._keep(pre_name, hidden)
+                    return None
 
-            def on_block_input(module, args, kwargs, hooks=hooks, stream_in=stream_in, pre_name=pre_name):
-                hidden = args[0] if args else kwargs["hidden_states"]
-                stream_in["x"] = hidden
-                if "resid_pre" in hooks:
-                    self._keep(pre_name, hidden)
-
-            self._handles.append(block.register_forward_pre_hook(on_block_input, with_kwargs=True))
+                self._handles.append(block.register_forward_pre_hook(on_block_input, with_kwargs=True))
             if "resid_mid" in hooks:
-                def on_attention_output(module, inputs, output, stream_in=stream_in, mid_name=mid_name):
-                    self._keep(mid_name, stream_in["x"] + _first_tensor(output))
+                def on_attention_output(module, inputs, output, layer=layer, mid_name=mid_name):
+                    if self._active():
+                        self._keep(mid_name, self._stream_in[layer] + _first_tensor(output))
 
                 self._handles.append(attention_module(block).register_forward_hook(on_attention_output))
             if "resid_post" in hooks:
-                self._handles.append(block.register_forward_hook(
-                    lambda module, inputs, output, post_name=post_name: self._keep(post_name, _first_tensor(output))))
+                def on_block_output(module, inputs, output, post_name=post_name):
+                    if self._active():
+                        self._keep(post_name, _first_tensor(output))
+
+                self._handles.append(block.register_forward_hook(on_block_output))
 
 
-def residual_capture(lm, names: Sequence[str], last_index: torch.Tensor | None = None) -> ResidualCapture:
-    """Context manager recording the named residual activations of every forward pass run inside it."""
-    return ResidualCapture(lm, names, last_index)
+def residual_capture(lm, names: Sequence[str], last_index: torch.Tensor | None = None,
+                     keep_graph: bool = False) -> ResidualCapture:
+    """Context manager recording the named residual activations of every forward pass run inside it, in this
+    context only (see `ResidualCapture`; ``keep_graph``: the model's own tensors, for a training loss)."""
+    return ResidualCapture(lm, names, last_index, keep_graph=keep_graph)
 
 
 @torch.no_grad()
@@ -275,5 +318,6 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
     return torch.cat(out)
 
 
-__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "capture_residuals", "decoder_layers",
-           "format_prompts", "last_token_residuals", "parse_hook_name", "residual_capture", "residual_hook_names"]
+__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "attention_module", "capture_residuals",
+           "decoder_layers", "format_prompts", "language_model", "last_token_residuals", "parse_hook_name",
+           "residual_capture", "residual_hook_names", "strip_trailing_punctuation"]

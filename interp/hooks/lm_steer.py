@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from ..edits import Edit, EditError, edit_update
-from .lm import LMHookError, attention_module, decoder_layers, format_prompts, parse_hook_name
+from .lm import LMHookError, attention_module, decoder_layers, format_prompts, language_model, parse_hook_name
 from .scoped import ScopedHooks
 
 LM_EDIT_MODES = ("add", "scale", "set", "ablate")
@@ -250,7 +250,8 @@ class LMSteerSession(ScopedHooks):
 
     def __init__(self, lm, edits: Sequence[LMEdit | dict], saes: dict | None = None,
                  prompt_length: int | None = None):
-        if getattr(lm, "backend", "hf") != "hf":
+        lm = language_model(lm)
+        if lm.backend != "hf":
             raise EditError(f"steering runs on the Hugging Face backend (load_lm(name, backend='hf')), not "
                             f"{lm.backend!r}")
         edits = [e if isinstance(e, LMEdit) else LMEdit.from_dict(e) for e in edits]
