@@ -21,7 +21,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
-from flowlens.finetune import Example, WindowResiduals, collate, training_step
+from flowlens.finetune import Example, collate, training_step
 from flowlens.tiny import tiny_llama
 from flowlens.vcl import VCLConfig
 
@@ -50,7 +50,6 @@ def main() -> None:
     batch = collate(examples, pad_id=0)
     vcl = VCLConfig(k=args.k, weight=1.0, window=tuple(args.window))
     layers = vcl.check_against(args.batch, args.hidden, args.layers)
-    window = WindowResiduals(model, layers)
 
     times: dict[str, list[float]] = {"sft": [], "sft+vcl": []}
     for step in range(args.steps + 2):  # two warm-up steps of each, not counted
@@ -59,10 +58,9 @@ def main() -> None:
             if name == "sft":
                 training_step(model, optimizer, [batch], None, None)
             else:
-                training_step(model, optimizer, [batch], vcl, window)
+                training_step(model, optimizer, [batch], vcl, layers)
             if step >= 2:
                 times[name].append(time.perf_counter() - started)
-    window.close()
     plain, with_vcl = statistics.median(times["sft"]), statistics.median(times["sft+vcl"])
     result = {"model": f"random Llama d={args.hidden} L={args.layers} vocab={args.vocab}",
               "batch": args.batch, "seq": args.seq, "window_layers": layers, "k": args.k, "steps": args.steps,

@@ -1,12 +1,12 @@
 """Supervised fine-tuning of any Hugging Face causal LM, with the Variance Concentration Loss as an option.
 
 One training step = ``grad_accum`` micro-batches of ``batch_size`` examples, then one AdamW step.
-Per micro-batch, one forward pass with ``output_hidden_states=True`` gives both the SFT loss
-(completion tokens only; prompt and padding are masked with -100) and the residuals of the VCL
-window (``hidden_states[l + 1]`` is resid_post of layer l), so VCL adds only an eigenvalue problem
-of size min(B, d) per window layer. Hugging Face applies the final norm to the last entry of
-``hidden_states``; when the window reaches the last layer its raw output is taken by a forward
-hook on that layer instead.
+Per micro-batch, one forward pass gives both the SFT loss (completion tokens only; prompt and
+padding are masked with -100) and the residuals of the VCL window: ``blocks.{l}.hook_resid_post``
+of each window layer l (the decoder layer's raw output, also for the last layer, before the final
+norm), recorded by `interp.hooks.lm.residual_capture` with the graph kept (the capture is scoped
+to the training thread's context), so VCL adds only an eigenvalue problem of size min(B, d) per
+window layer.
 
 Runs are resumable: ``checkpoint.pt`` (trainable weights, optimizer, RNG, step) is replaced
 atomically every ``save_every`` steps and on cancel; data order is a function of (seed, step), so
@@ -18,6 +18,7 @@ adapter, with the tokenizer), ``result.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -30,6 +31,7 @@ import torch
 
 from interp.atomic import atomic_write
 from interp.cli import at_least
+from interp.hooks.lm import residual_capture
 from interp.models.lm import use_chat_template
 
 from .diversity import DataError, read_jsonl
@@ -155,56 +157,31 @@ def micro_batch_indices(n_examples: int, batch_size: int, seed: int, micro_batch
     return order[position * batch_size:(position + 1) * batch_size].tolist()
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The list of decoder layers: the ModuleList as long as ``config.num_hidden_layers``."""
-    n_layers = model.config.num_hidden_layers
-    for _, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == n_layers:
-            return module
-    raise ValueError(f"cannot find the {n_layers} decoder layers of {type(model).__name__}")
-
-
-class WindowResiduals:
-    """Residuals (resid_post) of the window's layers from one forward pass with hidden states on."""
-
-    def __init__(self, model, layers: list[int]):
-        self.layers = layers
-        self.n_layers = model.config.num_hidden_layers
-        self.last_output: torch.Tensor | None = None
-        self.handle = None
-        if self.n_layers - 1 in layers:  # hidden_states[-1] is normed: hook the last layer itself
-            self.handle = decoder_layers(model)[-1].register_forward_hook(self._keep_last)
-
-    def _keep_last(self, module, inputs, output):
-        self.last_output = output[0] if isinstance(output, tuple) else output
-
-    def collect(self, hidden_states) -> list[torch.Tensor]:
-        """``(B, T, d)`` per window layer."""
-        out = []
-        for layer in self.layers:
-            out.append(self.last_output if layer == self.n_layers - 1 else hidden_states[layer + 1])
-        self.last_output = None
-        return out
-
-    def close(self):
-        if self.handle is not None:
-            self.handle.remove()
+def window_hooks(layers: list[int]) -> list[str]:
+    """The VCL window's residual hooks: ``blocks.{l}.hook_resid_post`` of each window layer."""
+    return [f"blocks.{layer}.hook_resid_post" for layer in layers]
 
 
 def training_step(model, optimizer, micro_batches: list[dict], vcl_config: VCLConfig | None,
-                  window: WindowResiduals | None) -> dict[str, float]:
-    """One optimizer step over the micro-batches (gradients accumulated); returns the mean terms."""
+                  window: list[int] | None) -> dict[str, float]:
+    """One optimizer step over the micro-batches (gradients accumulated); returns the mean terms.
+
+    ``window``: the VCL window's layers (None or empty: no VCL term), whose resid_post the scoped residual
+    capture of `interp.hooks.lm` keeps in the graph during each micro-batch's forward pass."""
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "sft_loss": 0.0, "vcl_loss": 0.0, "vcl_ratio": 0.0}
     share = 1.0 / len(micro_batches)
+    hooks = window_hooks(window) if window else []
     for batch in micro_batches:
-        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"],
-                       output_hidden_states=window is not None)
+        capture = residual_capture(model, hooks, keep_graph=True) if hooks else contextlib.nullcontext()
+        with capture:
+            output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           labels=batch["labels"])
         loss = output.loss
         totals["sft_loss"] += output.loss.item() * share
-        if window is not None:
-            residuals = [select_positions(h, batch["prompt_mask"], batch["response_mask"], vcl_config.positions)
-                         for h in window.collect(output.hidden_states)]
+        if hooks:
+            residuals = [select_positions(capture.activations[hook], batch["prompt_mask"], batch["response_mask"],
+                                          vcl_config.positions) for hook in hooks]
             vcl = variance_concentration_loss(residuals, vcl_config)
             loss = loss + vcl["loss"].to(loss.dtype)
             totals["vcl_loss"] += vcl["loss"].item() * share
@@ -353,7 +330,7 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
     if evaluate and step == 0 and not (out / "eval_before.json").exists():
         (out / "eval_before.json").write_text(json.dumps(evaluate(), indent=2) + "\n")
 
-    window = WindowResiduals(model, layers) if config.vcl is not None else None
+    window = layers if config.vcl is not None else None
     model.train()
     status = "finished"
     bar = tqdm(total=config.steps, initial=step, desc="fine-tuning", disable=not config.progress)
@@ -386,8 +363,6 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
                 break
     finally:
         bar.close()
-        if window is not None:
-            window.close()
         model.eval()
 
     result = {"config": config.to_json(), "status": status, "step": step,

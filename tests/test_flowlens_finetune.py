@@ -167,3 +167,42 @@ def test_cli_reports_bad_settings_without_a_traceback(model_dir, data_file, tmp_
     assert main(["vcl", "--model", str(model_dir), "--data", str(data_file), "--out", str(tmp_path / "r"),
                  "--steps", "2", "--batch-size", "4", "--window", "0.3", "0.7", "--max-length", "32"]) == 0
     assert (tmp_path / "r" / "model" / "model.safetensors").exists()
+
+
+def test_the_vcl_window_is_the_scoped_capture_of_resid_post_with_gradients(model_dir):
+    """Issue 20: the window's residuals come from interp.hooks.lm's scoped capture (blocks.{l}.hook_resid_post,
+    graph kept) instead of output_hidden_states plus a hook on the last layer: the same tensors, the same loss."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from flowlens.finetune import training_step, window_hooks
+    from flowlens.vcl import select_positions, variance_concentration_loss
+    from interp.hooks.lm import residual_capture
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).train()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def hooks():
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+    batch = collate(tokenize_examples([(i, p, c) for i, (p, c) in enumerate(PAIRS[:4])], tokenizer, 32, False), 0)
+    vcl = VCLConfig(k=2, weight=1.0, window=(0.3, 1.0))
+    layers = vcl.check_against(4, 32, 4)
+    assert layers == [1, 2, 3]  # up to the last layer, whose hidden_states entry is normed
+    with residual_capture(model, window_hooks(layers), keep_graph=True) as capture:
+        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       output_hidden_states=True)
+    before = hooks()  # Hugging Face's own (output_hidden_states installs recorders once), none of the capture's
+    window = [capture.activations[h] for h in window_hooks(layers)]
+    assert window[0] is output.hidden_states[2] and window[1] is output.hidden_states[3]  # the very tensors
+    torch.testing.assert_close(model.model.norm(window[2]), output.hidden_states[-1], rtol=0, atol=0)  # raw output
+    assert all(w.requires_grad for w in window)
+    rows = [select_positions(w, batch["prompt_mask"], batch["response_mask"], vcl.positions) for w in window]
+    expected = variance_concentration_loss(rows, vcl)["loss"]
+    expected.backward()
+    assert model.model.layers[0].mlp.up_proj.weight.grad.abs().sum() > 0  # the loss reaches the layers below
+    model.zero_grad(set_to_none=True)
+
+    frozen = torch.optim.SGD(model.parameters(), lr=0.0)
+    totals = training_step(model, frozen, [batch], vcl, layers)
+    assert totals["vcl_loss"] == expected.item()
+    assert hooks() == before  # none left behind
