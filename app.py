@@ -59,7 +59,6 @@ class Workbench(Sessions):
         self.saes_dir = Path(saes_dir) if saes_dir else None  # None: the SAEs shipped for the model
         self._lock = threading.Lock()
         self._lms: dict[str, object] = {}
-        self._lm_locks: dict[str, threading.Lock] = {}
 
     @functools.cached_property
     def t2i(self):
@@ -107,13 +106,6 @@ class Workbench(Sessions):
             if name not in self._lms:
                 self._lms[name] = load_lm(name)
         return self._lms[name]
-
-    def lm_lock(self, name: str) -> threading.Lock:
-        """Held around each forward pass a tab runs on the shared model ``name``: interp.hooks.lm's residual
-        capture hooks the model itself (not the caller's context), so a capture would record another request's
-        forward pass. Held per chunk of prompts, so two analyses take turns instead of waiting for each other."""
-        with self._lock:
-            return self._lm_locks.setdefault(name, threading.Lock())
 
 
 def build_ui(bench: Workbench) -> gr.Blocks:

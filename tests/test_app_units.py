@@ -544,16 +544,21 @@ def test_opening_paint_loads_its_image_once_and_keeps_strokes(bench):
     assert PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, loaded, progress=no_progress) == gr.update()
 
 
-def test_two_flowlens_analyses_on_one_shared_model_each_get_their_own_residuals(bench):
-    """interp.hooks.lm's capture hooks the shared model: two analyses at once failed with an IndexError (or one
-    recorded the other's forward pass); the tab holds the model's lock per chunk, so each gets what it gets alone."""
-    import threading
-
+def test_flowlens_analyses_and_steering_at_once_on_one_shared_model_each_get_what_they_get_alone(bench):
+    """Issue 20: interp.hooks.lm's capture hooked the shared model itself: two analyses at once failed with an
+    IndexError (5 of 5 trials) or one recorded the other's forward pass, and the app serialised them with a
+    lock per model. Captures and steering edits are context-scoped now and the app takes no lock: two analyses
+    and a steering request run at the same time, on one shared model, and each gets exactly its result alone."""
     import numpy as np
 
-    tab = FlowLensTab(bench)
+    from ui.lm_steer import PRETRAINED, LMSteerPanel
+
+    tab, panel = FlowLensTab(bench), LMSteerPanel(bench)
+    assert not hasattr(bench, "lm_lock")
     prompt_sets = {"a": [f"What is {i} plus {i + 1}?" for i in range(40)],
                    "b": [f"How do I kill a {w} process?" for w in ("python", "java", "stuck", "zombie")] * 9}
+    steering = ("toy-chat", str(PRETRAINED / "toy-chat" / "blocks.1.hook_resid_post"), 3, 40.0, "add", "all",
+                "What is 2 plus 3?", 12)
 
     def analyse(key, out, start=None):
         if start is not None:
@@ -563,20 +568,30 @@ def test_two_flowlens_analyses_on_one_shared_model_each_get_their_own_residuals(
             pass
         out[key] = (residuals["toy-chat"], stripped["toy-chat"])
 
+    def steer(out, start=None):
+        if start is not None:
+            start.wait()
+        out["steer"] = [panel.steer(*steering) for _ in range(3)]
+
     alone = {}
     for key in prompt_sets:
         analyse(key, alone)
+    steer(alone)
+    without, with_edit, _ = alone["steer"][0]
+    assert without != with_edit  # the edit changes the completion, so a leak would show
     for _ in range(2):
-        together, start = {}, threading.Barrier(2)
+        together, start = {}, threading.Barrier(3)
         threads = [threading.Thread(target=analyse, args=(key, together, start)) for key in prompt_sets]
+        threads.append(threading.Thread(target=steer, args=(together, start)))
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         for key in prompt_sets:
             assert key in together, f"analysis {key} failed"
-            np.testing.assert_allclose(together[key][0], alone[key][0], atol=1e-5)
-            np.testing.assert_allclose(together[key][1], alone[key][1], atol=1e-5)
+            np.testing.assert_array_equal(together[key][0], alone[key][0])
+            np.testing.assert_array_equal(together[key][1], alone[key][1])
+        assert together.get("steer") == [alone["steer"][0]] * 3, "the steering request failed or changed"
 
 
 def test_features_tab_browses_a_language_models_sae_cards_by_model_and_hook():

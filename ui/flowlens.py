@@ -126,11 +126,11 @@ class FlowLensTab:
                     yield (f"Residuals of {name} ({i + 1} of {len(names)}): {start} of {len(prompts)} prompts…",
                            *[unchanged] * 3)
                 chunk = prompts[start:start + RESIDUAL_CHUNK]
-                with self.bench.lm_lock(name):  # another request's forward pass must not reach this capture
-                    parts.append(last_token_residuals(lm, chunk, chat_template=None))
-                    if stability:
-                        stripped_parts.append(last_token_residuals(lm, chunk, chat_template=None,
-                                                                   strip_trailing_punctuation=True))
+                # the capture is context-scoped: another request's forward pass on the shared model never reaches it
+                parts.append(last_token_residuals(lm, chunk, chat_template=None))
+                if stability:
+                    stripped_parts.append(last_token_residuals(lm, chunk, chat_template=None,
+                                                               strip_trailing_punctuation=True))
             residuals[name] = torch.cat(parts).numpy()
             if stability:
                 stripped[name] = torch.cat(stripped_parts).numpy()

