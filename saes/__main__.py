@@ -1,4 +1,4 @@
-"""python -m saes {train,eval,features,report,import-sdxl} ...
+"""python -m saes {train,eval,features,causal,report,probe,import-sdxl} ...
 
     python -m saes train --store runs/store --block unet.mid_block.attentions.0 --out runs/sae/mid
     python -m saes eval --sae runs/sae/mid --store runs/store --block unet.mid_block.attentions.0
@@ -6,6 +6,7 @@
     python -m saes eval --sae runs/sae/l2 --model toy-chat --text heldout.jsonl --tokens 20000   (LM: CE, KL)
     python -m saes features --model toy --sae saes/pretrained/toy --world 400 --out runs/features
     python -m saes features --sae runs/lm-sae/blocks.2.hook_resid_post --model toy-chat --text corpus.jsonl  (LM)
+    python -m saes causal --model toy --sae runs/toy-saes --scenes 24       (causal label scores into the cards)
     python -m saes report --model toy --root saes/pretrained/toy --features-summary runs/features/features_summary.json
     python -m saes import-sdxl --checkpoint down.2.1_k10_hidden5120_auxk256_bs4096_lr0.0001/final --out runs/sae/down21
     torchrun --nproc-per-node 2 -m saes train ...      (data-parallel; each rank reads its own share)
@@ -252,6 +253,12 @@ def _features(args) -> int:
     return 0
 
 
+def _causal(args) -> int:
+    from .causal import causal_command
+
+    return causal_command(args, _load_model)
+
+
 def _report(args) -> int:
     from .features import refuse_shipped
     from .report import build_report, write_report
@@ -386,6 +393,26 @@ def main(argv: list[str] | None = None) -> int:
                                                  "with Dolly's or text fields, or plain text lines)")
     fe.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
     fe.set_defaults(run=_features)
+
+    from . import causal
+
+    ca = commands.add_parser("causal", help="causal label scores: how often painting a labelled feature into "
+                                            "held-out objects makes the probe read its label (into features.json)")
+    ca.add_argument("--model", default="toy", help="the model the SAEs belong to (images are generated with it)")
+    ca.add_argument("--sae", required=True, help="directory with one SAE per block and its features.json "
+                                                 "(e.g. a copy of saes/pretrained/toy)")
+    ca.add_argument("--block", action="append", default=None, help="score only this block (repeatable)")
+    ca.add_argument("--scenes", type=at_least(1), default=causal.N_SCENES, help="held-out scenes per label")
+    ca.add_argument("--strength", type=float, default=causal.STRENGTH,
+                    help="x the feature's mean activation (default 3: the Paint tab's default strength)")
+    ca.add_argument("--per-label", type=at_least(1), default=None,
+                    help="score only the N best-AUROC features of each label (default: every labelled feature)")
+    ca.add_argument("--seed", type=int, default=causal.SEED, help="seed of the scenes (with the label)")
+    ca.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    ca.add_argument("--threads", type=at_least(1), default=1)
+    ca.add_argument("--overwrite", action="store_true",
+                    help="rewrite features.json shipped with the repository (saes/pretrained/...)")
+    ca.set_defaults(run=_causal)
 
     re_ = commands.add_parser("report", help="evaluation report of a model's SAEs: EV, L0, dead, splice fidelity, "
                                              "which blocks carry which attributes (REPORT.md + report.json)")

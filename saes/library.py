@@ -47,6 +47,7 @@ class FeatureLibrary:
             raise LibraryError(str(err)) from None
         dirs = [self.root / block for block in self._saes]
         self._cards: dict[str, list[dict]] = {}
+        self._causal: dict[str, dict] = {}
         pool = load_analysis_images(self.root)
         fingerprint = pool_fingerprint(*pool) if pool is not None else None
         for d in dirs:
@@ -59,6 +60,7 @@ class FeatureLibrary:
                                    f"({len(pool[0])} images): its top images would show other pictures; run "
                                    f"`python -m saes features` again on every SAE of {self.root} at once")
             self._cards[d.name] = data["features"]
+            self._causal[d.name] = data.get("causal", {})
 
     @classmethod
     def for_model(cls, model_name: str) -> "FeatureLibrary | None":
@@ -89,6 +91,12 @@ class FeatureLibrary:
         self.sae(block)
         return self._cards.get(block, [])
 
+    def causal_config(self, block: str) -> dict:
+        """How the causal label scores in a block's cards were measured (`python -m saes causal`: scenes,
+        strength, seed, ...); {} when they were not."""
+        self.sae(block)
+        return self._causal.get(block, {})
+
     def card(self, block: str, feature: int) -> dict:
         self.check_feature(block, feature)
         cards = self.cards(block)
@@ -112,10 +120,15 @@ class FeatureLibrary:
         return float(self.sae(block).W_dec.norm(dim=-1).mean().item())  # no card: one decoder norm
 
     def search(self, block: str, text: str) -> list[int]:
-        """Features whose label contains every word of `text` (case-insensitive), best AUROC first."""
+        """Features whose label contains every word of `text` (case-insensitive), the best painter first.
+
+        A label says what a feature's activation predicts (AUROC), not what adding the feature draws, so
+        features whose card has a causal label score (`saes.causal`: how often painting the feature into an
+        object makes the probe read the labelled value) come first, highest score first, AUROC breaking ties;
+        then features without one, by AUROC."""
         words = text.lower().split()
         hits = [c for c in self.cards(block) if c.get("label") and all(w in c["label"].lower() for w in words)]
-        return [c["id"] for c in sorted(hits, key=lambda c: -c.get("auroc", 0.0))]
+        return [c["id"] for c in sorted(hits, key=label_rank)]
 
     # ----- explaining an image --------------------------------------------------------------
     def top_features(self, updates: dict[str, torch.Tensor], n: int = 8) -> dict[str, list[dict]]:
@@ -186,8 +199,26 @@ class FeatureLibrary:
         Negative strength removes the feature: the feature's own activation is scaled by
         (1 + strength) where it fires (down to zero), rather than pushing past zero.
         """
-        from interp.edits import Edit, downsample_mask
         from interp.hooks import apply_edits
+
+        edit = self.paint_edit(model, block, feature, strength, mask, act_steps)
+        if allow_empty_prompt and not prompt.strip():
+            original = np.asarray(_generate_any(model, "", seed, steps))
+            with apply_edits(model, [edit], saes={block: self.sae(block)}):
+                edited = np.asarray(_generate_any(model, "", seed, steps))
+        else:
+            original = np.asarray(model.generate(prompt, steps=steps, seed=seed)[0])
+            with apply_edits(model, [edit], saes={block: self.sae(block)}):
+                edited = np.asarray(model.generate(prompt, steps=steps, seed=seed)[0])
+        diff = np.abs(edited.astype(np.int16) - original.astype(np.int16))
+        diff = np.clip(diff * 3, 0, 255).astype(np.uint8)
+        return PaintResult(original, edited, diff, edit.to_dict())
+
+    def paint_edit(self, model, block: str, feature: int, strength: float, mask: np.ndarray | None = None,
+                   act_steps: list[int] | None = None):
+        """The `interp.edits.Edit` that `paint` applies (see there): the feature at `strength` x its mean
+        activation inside the image-space `mask`, downsampled to the block's positions."""
+        from interp.edits import Edit, downsample_mask
 
         feature = self.check_feature(block, feature)
         if not np.isfinite(strength):
@@ -211,17 +242,7 @@ class FeatureLibrary:
         else:
             edit = Edit(block=block, mode="scale", feature=feature, strength=max(0.0, 1.0 + float(strength)),
                         mask=block_mask, steps=act_steps)
-        if allow_empty_prompt and not prompt.strip():
-            original = np.asarray(_generate_any(model, "", seed, steps))
-            with apply_edits(model, [edit], saes={block: self.sae(block)}):
-                edited = np.asarray(_generate_any(model, "", seed, steps))
-        else:
-            original = np.asarray(model.generate(prompt, steps=steps, seed=seed)[0])
-            with apply_edits(model, [edit], saes={block: self.sae(block)}):
-                edited = np.asarray(model.generate(prompt, steps=steps, seed=seed)[0])
-        diff = np.abs(edited.astype(np.int16) - original.astype(np.int16))
-        diff = np.clip(diff * 3, 0, 255).astype(np.uint8)
-        return PaintResult(original, edited, diff, edit.to_dict())
+        return edit
 
     def feature_icon(self, model, block: str, feature: int, strength: float = 4.0, seed: int = 0):
         """The feature alone: added everywhere to the generation of an empty prompt."""
@@ -233,6 +254,26 @@ def _generate_any(model, prompt: str, seed: int, steps: int | None):
     from interp.models.t2i import generate
 
     return generate(model, prompt, steps=steps, seed=seed, allow_empty_prompt=True)[0]
+
+
+def label_rank(card: dict) -> tuple:
+    """The label search's order (`FeatureLibrary.search`): cards with a causal label score first, highest
+    first, then by AUROC."""
+    causal = card.get("causal_label")
+    return (causal is None, -(causal or 0.0), -(card.get("auroc") or 0.0))
+
+
+def label_scores(card: dict) -> str:
+    """A labelled card's two scores in words: "AUROC 0.936, causal label 0.12 = 3/24"; "" without a
+    label. The causal score: how often the probe reads the labelled value after the feature is painted in."""
+    if not card.get("label") or card.get("auroc") is None:
+        return ""
+    text = f"AUROC {card['auroc']:.3f}"
+    if card.get("causal_label") is not None:
+        n = card.get("causal_label_n")
+        hits = f" = {round(card['causal_label'] * n)}/{n}" if n else ""
+        text += f", causal label {card['causal_label']:.2f}{hits}"
+    return text
 
 
 def heatmap_coverage(heatmap) -> float:

@@ -84,7 +84,8 @@ def test_help_lists_the_commands():
     done = subprocess.run([sys.executable, "-m", "saes", "--help"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0
-    assert all(command in done.stdout for command in ("train", "eval", "features", "report", "probe", "import-sdxl"))
+    commands = ("train", "eval", "features", "causal", "report", "probe", "import-sdxl")
+    assert all(command in done.stdout for command in commands)
 
 
 def test_probe_finds_where_the_toy_codes_shape_and_colour_before_any_sae(tmp_path, capsys):

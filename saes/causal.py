@@ -1,0 +1,240 @@
+"""Causal label scores: what painting a labelled feature draws, not what its activation predicts.
+
+A feature card's label (`saes.features`) is the attribute value the feature's *activation* predicts best
+(AUROC). Adding the feature is another matter: the feature the AUROC picks for colour=red can turn a blue star
+green. The causal label score measures the edit itself, on the shapes world:
+
+    for each of n held-out scenes whose target object does not have the labelled value,
+    paint the feature inside that object (`FeatureLibrary.paint_edit`, the Paint tab's edit: strength x the
+    card's mean activation, the object's mask downsampled to the block), regenerate with the same seed and
+    read the object with the shapes probe (`riebench.metrics.default_probe`);
+    causal_label = share of scenes where the probe reads the labelled value on the edited image,
+    causal_label_before = the same share on the unedited image (about 0 by construction).
+
+What "reads the labelled value" means per attribute: colour, shape, size, texture: the object the probe finds
+in the target object's cell has the value; position=P: the probe finds an object in cell P (empty in the
+scene); background=B: the edit covers everything outside the objects and the probe reads background B.
+
+Scenes are drawn from the world's held-out split (combinations the model never trained on) by a generator
+seeded with `seed` and the label, so a label's scenes are the same for every feature and block, and a feature's
+score is reproducible. `python -m saes causal` stores the scores in the cards (features.json);
+`FeatureLibrary.search` ranks by them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+N_SCENES = 24          # held-out scenes per label
+STRENGTH = 3.0         # x the feature's mean activation: the Paint tab's default strength
+SEED = 21              # the scenes' generator (with the label); image i of a label is generated with seed 1000 + i
+SCORE_KEYS = ("causal_label", "causal_label_before", "causal_label_n")
+
+
+class CausalError(ValueError):
+    """A feature or label that cannot be scored, and why."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One scene of a label's test: its caption, generation seed and the image-space region the edit covers."""
+
+    prompt: str
+    seed: int
+    scene: object           # interp.zoo.shapes.Scene
+    target: object | None   # the edited ShapeObject; None for a background label
+    region: np.ndarray      # (64, 64) bool
+
+
+def label_trials(label: str, n: int = N_SCENES, seed: int = SEED) -> list[Trial]:
+    """The n held-out scenes a label ("attribute=value") is tested on, each with the object (or background)
+    the edit covers, chosen so that the scene does not already show the value there."""
+    from interp.zoo import shapes
+
+    attribute, _, value = label.partition("=")
+    if attribute not in shapes.ATTRIBUTES + ("background",) or not value:
+        raise CausalError(f"a causal label score needs a shapes-world label like colour=red, not {label!r}")
+    rng = np.random.default_rng([seed, zlib.crc32(label.encode())])
+    trials = []
+    for _ in range(200 * n):
+        if len(trials) == n:
+            break
+        scene = shapes.sample_split(rng, "held_out")
+        if attribute == "background":
+            if scene.background == value or any(o.colour == value for o in scene.objects):
+                continue  # the edit could not show a background the objects would vanish into
+            target, region = None, ~shapes.foreground_mask(scene)
+        elif attribute == "position":
+            if any(o.position == value for o in scene.objects):
+                continue  # the cell the label names is empty before the edit
+            target = scene.objects[0]
+            region = shapes.object_mask(target) > 0
+        else:
+            if attribute == "colour" and scene.background == value:
+                continue  # an object of the background's colour cannot be drawn
+            target = next((o for o in scene.objects if getattr(o, attribute) != value), None)
+            if target is None:
+                continue
+            region = shapes.object_mask(target) > 0
+        trials.append(Trial(shapes.caption(scene), 1000 + len(trials), scene, target, region))
+    if len(trials) < n:
+        raise CausalError(f"found only {len(trials)} held-out scenes for {label}")
+    return trials
+
+
+def reads_label(reading, label: str, trial: Trial) -> bool:
+    """Whether a probe reading (`shapes.ProbeReading`) shows the label where the trial's edit acted."""
+    attribute, _, value = label.partition("=")
+    if attribute == "background":
+        return reading.background == value
+    if attribute == "position":
+        return reading.at(value) is not None
+    found = reading.at(trial.target.position)
+    return found is not None and getattr(found, attribute) == value
+
+
+def causal_label_scores(library, model, block: str, features: list[int], n_scenes: int = N_SCENES,
+                        strength: float = STRENGTH, seed: int = SEED, probe=None,
+                        originals: dict | None = None) -> dict[int, dict]:
+    """{feature: {"causal_label", "causal_label_before", "causal_label_n"}} for labelled features of a block.
+
+    library: a `saes.library.FeatureLibrary`; model: its T2IModel. originals: a dict kept between calls to
+    reuse the unedited generations of a label's scenes (they do not depend on the feature or block)."""
+    from interp.hooks import apply_edits
+
+    if probe is None:
+        from riebench.metrics import default_probe
+
+        probe = default_probe()
+    originals = {} if originals is None else originals
+    results = {}
+    for feature in features:
+        label = library.card(block, feature).get("label")
+        if not label:
+            raise CausalError(f"{block} feature {feature} has no label to test")
+        trials = label_trials(label, n_scenes, seed)
+        key = (label, n_scenes, seed)
+        if key not in originals:  # one batch: no edit, so every scene can be generated at once
+            images = model.generate([t.prompt for t in trials], seed=[t.seed for t in trials])
+            originals[key] = [reads_label(probe.read(image), label, t) for image, t in zip(images, trials)]
+        after = []
+        for trial in trials:
+            edit = library.paint_edit(model, block, feature, strength, mask=trial.region)
+            with apply_edits(model, [edit], saes={block: library.sae(block)}):
+                image = model.generate(trial.prompt, seed=trial.seed)[0]
+            after.append(reads_label(probe.read(image), label, trial))
+        results[feature] = {"causal_label": float(np.mean(after)),
+                            "causal_label_before": float(np.mean(originals[key])),
+                            "causal_label_n": len(trials)}
+    return results
+
+
+def causal_label_score(library, model, block: str, feature: int, **options) -> dict:
+    """`causal_label_scores` of one feature."""
+    return causal_label_scores(library, model, block, [feature], **options)[feature]
+
+
+def features_to_score(cards: list[dict], per_label: int | None = None) -> list[int]:
+    """The labelled features of a block's cards; with per_label, only that many per label, best AUROC first."""
+    by_label: dict[str, list[dict]] = {}
+    for card in cards:
+        if card.get("label"):
+            by_label.setdefault(card["label"], []).append(card)
+    chosen = []
+    for label_cards in by_label.values():
+        label_cards.sort(key=lambda c: -(c.get("auroc") or 0.0))
+        chosen += [c["id"] for c in label_cards[:per_label]]
+    return sorted(chosen)
+
+
+def write_scores(features_path: str | os.PathLike, scores: dict[int, dict], config: dict) -> None:
+    """Store the scores in a features.json (atomically; every other field kept). Cards of the file that this
+    run did not score lose any score they had, so that every score in a file comes from the run its "causal"
+    entry describes."""
+    from .strict_json import write_json
+
+    path = Path(features_path)
+    data = json.loads(path.read_text())
+    for card in data["features"]:
+        for key in SCORE_KEYS:
+            card.pop(key, None)
+        if card["id"] in scores:
+            card.update(scores[card["id"]])
+    data["causal"] = config
+    write_json(path, data, separators=(",", ":"))
+
+
+def summarise(library, blocks: list[str]) -> str:
+    """A markdown summary of the stored scores: per attribute the features scored and the median score (before
+    and after), and per label and block whether the label search's pick beats the AUROC's."""
+    from .library import label_rank
+
+    rows, picks = {}, []
+    for block in blocks:
+        cards = [c for c in library.cards(block) if c.get("causal_label") is not None]
+        for card in cards:
+            rows.setdefault(card["attribute"], []).append(card)
+        for label in sorted({c["label"] for c in cards}):
+            own = [c for c in cards if c["label"] == label]
+            by_auroc = max(own, key=lambda c: c.get("auroc") or 0.0)
+            by_search = min(own, key=label_rank)
+            picks.append((label, block, len(own), by_auroc, by_search))
+    lines = ["| attribute | features scored | median causal label | median before | best |",
+             "|---|---|---|---|---|"]
+    for attribute, cards in sorted(rows.items()):
+        lines.append(f"| {attribute} | {len(cards)} | {statistics.median(c['causal_label'] for c in cards):.2f} | "
+                     f"{statistics.median(c['causal_label_before'] for c in cards):.2f} | "
+                     f"{max(c['causal_label'] for c in cards):.2f} |")
+    lines += ["", "| label | block | features | AUROC pick (AUROC, causal) | search pick (AUROC, causal) |",
+              "|---|---|---|---|---|"]
+    for label, block, n, a, s in picks:
+        lines.append(f"| {label} | {block} | {n} | #{a['id']} ({a['auroc']:.3f}, {a['causal_label']:.2f}) | "
+                     f"#{s['id']} ({s['auroc']:.3f}, {s['causal_label']:.2f}) |")
+    return "\n".join(lines) + "\n"
+
+
+def causal_command(args, load_model) -> int:
+    """`python -m saes causal`: score the labelled features of a library's blocks and store the scores.
+    load_model(args): the T2IModel (`saes.__main__._load_model`), called once the arguments are checked."""
+    from .features import FEATURES_FILENAME, refuse_shipped
+    from .library import FeatureLibrary
+
+    library = FeatureLibrary(args.sae)
+    blocks = args.block or library.blocks
+    for block in blocks:
+        library.sae(block)  # an unknown block is an error before anything runs
+    paths = [library.root / block / FEATURES_FILENAME for block in blocks]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise CausalError(f"no feature cards to score: {', '.join(missing)} (run `python -m saes features` first)")
+    if not args.overwrite:
+        refuse_shipped(paths, "saes causal", "copy the SAEs out first (e.g. cp -r saes/pretrained/toy runs/toy-saes) "
+                                             "and score the copies")
+    model = load_model(args)
+    config = {"scenes": args.scenes, "strength": args.strength, "seed": args.seed, "per_label": args.per_label,
+              "steps": model.default_steps}
+    originals: dict = {}
+    for block, path in zip(blocks, paths):
+        features = features_to_score(library.cards(block), args.per_label)
+        start = time.perf_counter()
+        scores = causal_label_scores(library, model, block, features, n_scenes=args.scenes, strength=args.strength,
+                                     seed=args.seed, originals=originals)
+        seconds = time.perf_counter() - start
+        write_scores(path, scores, config)
+        for card in library.cards(block):  # the library's cards now hold what the file holds
+            for key in SCORE_KEYS:
+                card.pop(key, None)
+            card.update(scores.get(card["id"], {}))
+        per = f", {seconds / len(features):.2f} s per feature" if features else ""
+        print(f"{block}: {len(features)} labelled features scored on {args.scenes} scenes in {seconds:.0f} s{per}",
+              flush=True)
+    print(summarise(library, blocks), end="")
+    return 0
