@@ -226,11 +226,13 @@ class FeaturesTab:
 
     @user_errors
     def feature_card(self, block: str, feature):
-        from saes.library import heatmap_overlay
+        from saes.causal import STRENGTH
+        from saes.library import heatmap_overlay, label_scores
 
         library = self.bench.require_library()
         feature = feature_id(library, block, feature)
         card = library.card(block, feature)
+        causal_strength = library.causal_config(block).get("strength", STRENGTH)
         pool = self.bench.analysis_images
         gallery = []
         for top in card.get("top_images", []):
@@ -239,8 +241,14 @@ class FeaturesTab:
             images, prompts = pool
             gallery.append((heatmap_overlay(images[top["index"]], top["heatmap"]),
                             f"{prompts[top['index']]} (max {top['activation']:.2f})"))
+        scores = label_scores(card)
         text = (f"### {block} feature {feature}\n**Label:** {card.get('label') or 'unlabelled'}"
-                + (f" (AUROC {card['auroc']:.3f})" if card.get("auroc") else "")
+                + (f" ({scores})" if scores else "")
+                + (f"\n\n**Causal label:** painted at {causal_strength:g} x its mean activation into "
+                   f"{card['causal_label_n']} held-out scenes that do not show {card['label']} where it is painted, "
+                   f"it makes the probe read {card['label']} in {100 * card['causal_label']:.0f}% of them "
+                   f"({100 * card['causal_label_before']:.0f}% before the edit); the label search ranks by this"
+                   if card.get("causal_label") is not None else "")
                 + (f"\n\n**Fires on** {percent(card['frequency'])} of positions; **mean activation when firing** "
                    f"{card['mean_activation']:.3f}" if card.get("frequency") is not None else ""))
         if card.get("firing_by_value"):

@@ -178,18 +178,25 @@ class PaintTab:
     def default_paint_feature(self, block: str | None) -> int:
         """The feature the Paint tab starts with: the block's best colour-labelled feature (it visibly changes
         what it is painted on), else its best labelled one, else the one firing most; 0 without cards."""
+        from saes.library import label_rank
+
         library = self.bench.library
         cards = library.cards(block) if library is not None and block in library.blocks else []
         for keep in (lambda c: (c.get("label") or "").startswith("colour="), lambda c: bool(c.get("label"))):
             chosen = [c for c in cards if keep(c)]
-            if chosen:
-                return max(chosen, key=lambda c: c.get("auroc") or 0)["id"]
+            if chosen:  # best as the label search ranks: by causal label score where measured, else AUROC
+                return min(chosen, key=label_rank)["id"]
         return max(cards, key=lambda c: c.get("frequency") or 0)["id"] if cards else 0
 
     def _feature_name(self, block: str, feature: int) -> str:
+        """"<block> feature <id> (<label>)", and for a labelled feature its label's scores: AUROC (what its
+        activation predicts) and, where measured, the causal label score (what painting it draws)."""
+        from saes.library import label_scores
+
         library = self.bench.library
-        label = (library.card(block, feature) or {}).get("label") if library is not None else None
-        return f"{block} feature {feature} ({label or 'unlabelled'})"
+        card = (library.card(block, feature) or {}) if library is not None else {}
+        scores = label_scores(card)
+        return f"{block} feature {feature} ({card.get('label') or 'unlabelled'})" + (f" [{scores}]" if scores else "")
 
     # ----- the painted region ---------------------------------------------------------------------
     @staticmethod
