@@ -78,6 +78,7 @@ def splice_losses(lm, sae: SAE, hook: str, sequences: list[list[int]], batch_siz
     sums = {"ce_clean": 0.0, "ce_spliced": 0.0, "ce_zero": 0.0, "kl_spliced": 0.0, "kl_zero": 0.0}
     n_scored = 0
     residuals: list[torch.Tensor] = []
+    sequences = sorted(sequences, key=len)  # batches of like lengths: little padding (the sums do not care)
     starts = range(0, len(sequences), batch_size)
     if progress:
         from tqdm import tqdm

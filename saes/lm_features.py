@@ -159,8 +159,10 @@ def encode_corpus(lm, sae: SAE, hook: str, sequences: list[list[int]], batch_siz
     lengths = np.array([len(d) for d in sequences])
     starts = np.concatenate([[0], np.cumsum(lengths)])
     rows, feats, vals, counted = [], [], [], 0
+    by_length = np.argsort(lengths, kind="stable")  # batches of like lengths: little padding
     for first in range(0, len(sequences), batch_size):
-        chunk = sequences[first:first + batch_size]
+        which = by_length[first:first + batch_size]
+        chunk = [sequences[i] for i in which]
         width = max(map(len, chunk))
         ids = torch.tensor([d + [pad] * (width - len(d)) for d in chunk])
         mask = torch.tensor([[1] * len(d) + [0] * (width - len(d)) for d in chunk])
@@ -171,7 +173,7 @@ def encode_corpus(lm, sae: SAE, hook: str, sequences: list[list[int]], batch_siz
         if not torch.isfinite(latents).all():
             raise ValueError(f"the SAE's activations at {hook} hold NaN or Inf")
         b_idx, t_idx = keep.nonzero(as_tuple=True)
-        flat = torch.from_numpy(starts[first + b_idx.numpy()]) + t_idx       # flat token index of each kept row
+        flat = torch.from_numpy(starts[which[b_idx.numpy()]]) + t_idx       # flat token index of each kept row
         nz_row, nz_feat = latents.nonzero(as_tuple=True)
         rows.append(flat[nz_row].numpy())
         feats.append(nz_feat.numpy().astype(np.int64))
