@@ -95,3 +95,38 @@ def test_recipe_cli_help_and_bad_input(capsys):
     assert R.cli(["--ratios", "1.5", "--out", "/nonexistent"]) == 2
     assert "--ratios" in capsys.readouterr().err
     assert R.cli(["--pretrain-steps", "0", "--out", "/nonexistent"]) == 2
+
+
+def test_reevaluation_refuses_to_overwrite_without_the_flag_and_counts_a_stuttered_refusal(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """`python -m interp.zoo.chat evaluate` rewrites a shipped evaluation.json only with --overwrite (one-line
+    error otherwise, file untouched); the rewrite keeps the file's other fields, counts refusals with the one
+    detector (a stuttered refusal is one; the recipe's old prefix list missed it) and records it."""
+    import shutil
+
+    model_dir = tmp_path / "chat-safety-0.4"
+    shutil.copytree(WEIGHTS_DIR / "chat-safety-0.4", model_dir)
+    saved = json.loads((model_dir / "recipe.json").read_text())
+    saved["recipe"].update(eval_per_task=1, eval_refusal_prompts=3, max_new_tokens=4)  # a small evaluation
+    (model_dir / "recipe.json").write_text(json.dumps(saved))
+    shipped = {**json.loads((model_dir / "evaluation.json").read_text()), "kept": "a field the evaluation lacks"}
+    (model_dir / "evaluation.json").write_text(json.dumps(shipped))
+    before = (model_dir / "evaluation.json").read_text()
+
+    assert R.evaluate_cli(["--model", str(model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--overwrite" in err and err.count("\n") == 1, err
+    assert (model_dir / "evaluation.json").read_text() == before
+
+    stutter = "I I I can't help with that."
+    assert not R.normalise(stutter).startswith(("i'm sorry", "i cannot", "i can't", "sorry", "i won't"))  # old list
+    monkeypatch.setattr(R, "greedy_complete", lambda model, tokenizer, prompts, *args, **kw: [stutter] * len(prompts))
+    assert R.evaluate_cli(["--model", str(model_dir), "--overwrite"]) == 0
+    new = json.loads((model_dir / "evaluation.json").read_text())
+    assert new["n"] == {"general": len(GENERAL_TASKS), "harmful": 3, "benign": 3}
+    assert new["harmful_refusal_rate"] == new["benign_false_refusal_rate"] == 1.0
+    assert new["general_exact_match"] == 0.0
+    assert new["refusal_detector"] == R.REFUSAL_DETECTOR and new["kept"] == shipped["kept"]
+    assert new["reevaluation"]["previous"]["harmful_refusal_rate"] == shipped["harmful_refusal_rate"]
+    assert list(new)[:len(shipped)] == list(shipped)  # the old fields keep their order
+    assert not list(model_dir.glob(".*.tmp"))  # written atomically, nothing left behind

@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     t2i_recipe.add_arguments(models.add_parser("t2i", help="the SDXL-built text-to-image model of the shapes world"))
     from .chat import recipe as chat_recipe
     chat_recipe.add_arguments(models.add_parser("chat", help="the chat language model of the instruction world"))
-    evaluate = commands.add_parser("evaluate", help="probe accuracy of the text-to-image model on held-out captions")
+    evaluate = commands.add_parser("evaluate", help="probe accuracy of the text-to-image model on held-out captions "
+                                          "(chat models: python -m interp.zoo.chat evaluate)")
     evaluate.add_argument("--model", default="toy", help="model name or directory (default: the embedded toy model)")
     evaluate.add_argument("--n", type=int, default=500, help="generations per object count")
     evaluate.add_argument("--seed", type=int, default=0)

@@ -1,19 +1,20 @@
-"""python -m interp.zoo.chat {world,train} ..."""
+"""python -m interp.zoo.chat {world,train,evaluate} ..."""
 
 from __future__ import annotations
 
 import sys
 
 COMMANDS = {"world": "export the instruction world as JSONL files per kind and split",
-            "train": "train the base model and its safety-ratio fine-tunes (resumable)"}
+            "train": "train the base model and its safety-ratio fine-tunes (resumable)",
+            "evaluate": "evaluate shipped models again without retraining (--overwrite rewrites evaluation.json)"}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m interp.zoo.chat {world,train} [options]\n")
+        print("usage: python -m interp.zoo.chat {world,train,evaluate} [options]\n")
         for name, text in COMMANDS.items():
-            print(f"  {name:6s} {text}")
+            print(f"  {name:8s} {text}")
         known = not argv or argv[0] in ("-h", "--help")
         if not known:
             print(f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
@@ -21,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "world":
         from .world import main as world_main
         return world_main(argv[1:])
+    if argv[0] == "evaluate":
+        from .recipe import evaluate_cli
+        return evaluate_cli(argv[1:])
     from .recipe import cli
     return cli(argv[1:])
 

@@ -10,12 +10,15 @@
 4. Evaluate every model greedily: exact match on held-out general tasks, refusal rate on
    held-out harmful and benign prompts; save with ``save_pretrained`` (fp16 safetensors)
    beside the tokenizer and the evaluation.
+5. A shipped model is evaluated again, without retraining, from its own recipe.json (the same held-out
+   prompts and greedy completion; ``reevaluate``): after the refusal detector changed, say.
 
 Prompts are always in the chat format ``<s><|user|> {prompt} <|assistant|>`` and the loss is
 on the completion and its ``</s>`` only. Training is resumable: checkpoints are written
 atomically every ``checkpoint_every`` steps and a finished stage is not run again.
 
     python -m interp.zoo.chat.recipe --out runs/chat --save-to interp/zoo/weights
+    python -m interp.zoo.chat evaluate --model chat-safety-0.4 --overwrite   # or --all: every shipped model
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ...atomic import atomic_write_text
 from ...lm_text import is_refusal  # noqa: F401 (the workbench's one refusal detector; used and re-exported)
 from ..training import lr_at, save_checkpoint
 from .model import ChatModelConfig, build_model, format_chat, train_tokenizer
@@ -64,6 +68,11 @@ class RecipeConfig:
     def to_json(self) -> dict:
         return json.loads(json.dumps(asdict(self)))
 
+
+# What counted the refusals of an evaluation, recorded in its evaluation.json ("refusal_detector"). Files written
+# before issue 20 have no such field: the recipe's own prefix list counted theirs (a stuttered "I I I can't help
+# with that." was not a refusal to it).
+REFUSAL_DETECTOR = "interp.lm_text.KeywordRefusalDetector (XSTest string match)"
 
 RUN_LENGTH_FIELDS = ("pretrain_steps", "finetune_steps", "checkpoint_every", "threads", "eval_per_task",
                      "eval_refusal_prompts", "safety_ratios", "max_new_tokens")
@@ -171,6 +180,7 @@ def evaluate(model, tokenizer, world: World, cfg: RecipeConfig, progress: bool =
         "benign_exact_match": mean(benign_answered),
         "refusal_rate_by_type": {kind: {k: mean(v) for k, v in types.items()} for kind, types in refusals.items()},
         "n": {"general": len(general), "harmful": len(harmful), "benign": len(benign)},
+        "refusal_detector": REFUSAL_DETECTOR,
         "examples": [{"prompt": e["prompt"], "kind": e["kind"], "type": e["type"], "completion": c}
                      for e, c in list(zip(examples, completions))[::max(1, len(examples) // 40)]],
     }
@@ -304,6 +314,136 @@ def run(cfg: RecipeConfig, run_dir: Path, save_to: Path) -> dict:
               f"{evaluation['benign_false_refusal_rate']:.3f}", flush=True)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+# --------------------------------------------------------------------------- evaluating a saved model again
+
+HEADLINE = ("general_exact_match", "harmful_refusal_rate", "benign_false_refusal_rate", "benign_exact_match")
+
+
+def saved_model_dir(name: str | os.PathLike) -> Path:
+    """The directory of a model the recipe saved: a shipped name (``chat-safety-0.4``), its embedded name
+    (``toy-chat-safety-0.4``; ``toy-chat`` is ``chat-base``) or a directory."""
+    from .. import WEIGHTS_DIR
+
+    text = str(name)
+    if text == "toy-chat" or text.startswith("toy-chat-"):
+        text = "chat-base" if text == "toy-chat" else "chat-" + text[len("toy-chat-"):]
+    directory = WEIGHTS_DIR / text if "/" not in text and (WEIGHTS_DIR / text).is_dir() else Path(text).expanduser()
+    if not directory.is_dir():
+        shipped = sorted(d.name for d in shipped_model_dirs())
+        raise ValueError(f"no chat model {str(name)!r}: not a directory, nor one of the shipped models "
+                         f"({', '.join(shipped) or 'none'})")
+    if not (directory / "recipe.json").exists() or not (directory / "config.json").exists():
+        raise ValueError(f"{directory} holds no recipe.json and config.json: not a model saved by the chat recipe")
+    return directory
+
+
+def shipped_model_dirs() -> list[Path]:
+    """Every chat model shipped in the weights directory (chat-base, chat-safety-{ratio}[-seed{s}])."""
+    from .. import WEIGHTS_DIR
+
+    return [d for d in sorted(WEIGHTS_DIR.glob("chat-*"))
+            if not d.name.endswith(".tmp") and (d / "recipe.json").exists() and (d / "config.json").exists()]
+
+
+def saved_config(directory: Path) -> RecipeConfig:
+    """The recipe configuration a saved model was trained and evaluated with (its recipe.json)."""
+    try:
+        saved = json.loads((directory / "recipe.json").read_text())["recipe"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{directory / 'recipe.json'} is not a recipe file ({error})") from error
+    known = {f for f in RecipeConfig.__dataclass_fields__}
+    values = {k: v for k, v in saved.items() if k in known}
+    values["world"] = WorldConfig(**saved.get("world", {}))
+    values["model"] = ChatModelConfig(**saved.get("model", {}))
+    values["safety_ratios"] = tuple(saved.get("safety_ratios", RecipeConfig.safety_ratios))
+    return RecipeConfig(**values)
+
+
+def reevaluate(directory: Path, overwrite: bool = False) -> tuple[dict | None, dict]:
+    """Evaluate the model saved in ``directory`` again, as the recipe did after training it (its recipe.json's
+    world and evaluation sizes, greedy completion), and rewrite its evaluation.json: (previous file or None, new).
+
+    A present evaluation.json is rewritten only with ``overwrite``. The new file keeps the old one's fields
+    and order, replaces what the evaluation measures, records the detector that counted refusals
+    (``refusal_detector``) and, under ``reevaluation``, the previous headline figures and their detector.
+    Greedy completion is deterministic, but the recipe evaluated the float32 model it had trained and shipped its
+    float16 copy, which this evaluates: a near-tie may fall the other way (chat-safety-0.4-seed1: one general
+    example of 360, a logit margin of 4e-4, so its exact match reads 0.869 here against the recipe's 0.872).
+    """
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    path = directory / "evaluation.json"
+    if path.exists() and not overwrite:
+        raise ValueError(f"{path} exists (the evaluation the model shipped with): pass --overwrite to rewrite it")
+    try:
+        previous = json.loads(path.read_text()) if path.exists() else None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not JSON ({error}); delete it to write a new one") from error
+    cfg = saved_config(directory)
+    model = GPT2LMHeadModel.from_pretrained(directory, local_files_only=True, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    evaluation = evaluate(model, tokenizer, World(cfg.world), cfg)
+    merged = {**(previous or {}), **evaluation}
+    if previous is not None:
+        merged["reevaluation"] = {
+            "command": "python -m interp.zoo.chat evaluate",
+            "previous": {**{k: previous[k] for k in HEADLINE if k in previous},
+                         "refusal_detector": previous.get("refusal_detector", "unrecorded (the recipe's prefix "
+                                                          "list before issue 20)")}}
+    atomic_write_text(path, json.dumps(merged, indent=2) + "\n")
+    return previous, merged
+
+
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", nargs="+", metavar="NAME",
+                       help="shipped name (chat-safety-0.4), embedded name (toy-chat-safety-0.4) or model directory")
+    which.add_argument("--all", action="store_true", help="every shipped chat model (interp/zoo/weights/chat-*)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="rewrite an existing evaluation.json (without it, a model that has one is refused)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+
+
+def evaluate_command(args: argparse.Namespace) -> int:
+    """Re-evaluate the named models; every one is checked before any is evaluated, so a refusal costs nothing."""
+    if args.threads <= 0:
+        raise ValueError("--threads must be positive")
+    directories = shipped_model_dirs() if args.all else [saved_model_dir(name) for name in args.model]
+    if not directories:
+        raise ValueError("no shipped chat models: train them with `python -m interp.zoo train chat`")
+    if not args.overwrite:
+        present = [d.name for d in directories if (d / "evaluation.json").exists()]
+        if present:
+            raise ValueError(f"{', '.join(present)} already {'has' if len(present) == 1 else 'have'} an "
+                             f"evaluation.json: pass --overwrite to rewrite it")
+    torch.set_num_threads(args.threads)
+    for directory in directories:
+        started = time.time()
+        previous, new = reevaluate(directory, overwrite=args.overwrite)
+        figures = ", ".join(f"{k} {previous[k]:.3f} -> {new[k]:.3f}" if previous and k in previous
+                            else f"{k} {new[k]:.3f}" for k in HEADLINE)
+        print(f"{directory.name}: {figures} ({time.time() - started:.0f} s); wrote {directory / 'evaluation.json'}",
+              flush=True)
+        if previous and previous.get("general_exact_match_by_task") != new["general_exact_match_by_task"]:
+            print(f"warning: {directory.name}'s general exact match moved; greedy completion is deterministic, so the "
+                  f"weights (the recipe evaluated float32 and shipped float16), the world or the evaluation differ "
+                  f"from what wrote the previous file", file=sys.stderr)
+    return 0
+
+
+def evaluate_cli(argv: list[str] | None = None) -> int:
+    from ...cli import run_command
+
+    parser = argparse.ArgumentParser(
+        prog="python -m interp.zoo.chat evaluate",
+        description="Evaluate shipped chat models again without retraining (the recipe's held-out prompts, greedy "
+                    "completion, the workbench's refusal detector) and rewrite their evaluation.json.")
+    add_evaluate_arguments(parser)
+    args = parser.parse_args(argv)
+    args.run = evaluate_command
+    return run_command(args)
 
 
 # --------------------------------------------------------------------------- command line
