@@ -12,7 +12,8 @@ import argparse
 import os
 import sys
 
-# What a command's failure may raise for a user to act on: its message is printed, with no traceback.
+# What a failure may raise for a user to act on, whichever front end started the work: the command lines here
+# and the UI (ui.common.USER_ERRORS is this tuple plus two of the UI's own). Its message is shown, with no traceback.
 USER_ERRORS = (ValueError, OSError, ImportError, FloatingPointError)
 # Names of the files that weights and checkpoints are read from (safetensors, torch pickles).
 WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -101,6 +102,15 @@ def unreadable_weights(err: BaseException) -> str | None:
             f"delete it, and the run starts over)")
 
 
+def user_error_message(err: BaseException) -> str | None:
+    """What to tell the user about a failure they can act on: one of USER_ERRORS, or a weights file that cannot
+    be read (`unreadable_weights`). None for anything else, which is a bug and keeps its traceback. The one error
+    map: `run_command` prints it, `ui.common.user_errors` shows it in the browser."""
+    if isinstance(err, USER_ERRORS):
+        return str(err)
+    return unreadable_weights(err)
+
+
 def run_command(args, interrupted: str = "interrupted") -> int:
     """`args.run(args)` with the failures a user can act on as `error: message` (exit 2) and Ctrl-C as exit 130."""
     try:
@@ -108,11 +118,8 @@ def run_command(args, interrupted: str = "interrupted") -> int:
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr)
         return 130
-    except USER_ERRORS as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except Exception as err:
-        message = unreadable_weights(err)
+        message = user_error_message(err)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

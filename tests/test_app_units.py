@@ -118,6 +118,32 @@ def test_user_errors_turn_bad_input_into_a_message_for_functions_and_generators(
         user_errors(parse_steps)("0-4", 2)
 
 
+def test_the_ui_and_the_command_lines_share_one_error_map(tmp_path):
+    from interp.cli import USER_ERRORS as CLI_ERRORS
+    from ui.common import USER_ERRORS
+
+    assert USER_ERRORS[:len(CLI_ERRORS)] == CLI_ERRORS  # the UI's map is the CLIs' plus KeyError and Cancelled
+
+    @user_errors
+    def read_weights(path):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+
+    damaged = tmp_path / "sae_weights.safetensors"
+    damaged.write_bytes(b"not a safetensors file")
+    with pytest.raises(gr.Error, match="cannot read sae_weights.safetensors: it is not a readable safetensors") as err:
+        read_weights(str(damaged))
+    assert str(tmp_path) not in err.value.message
+
+    @user_errors
+    def bug():
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):  # a bug keeps its traceback, as in the CLIs
+        bug()
+
+
 def test_runner_reports_each_result_and_stops_cleanly_when_cancelled(tmp_path):
     from test_riebench import MID, few_tasks, random_model
 

@@ -1,8 +1,10 @@
 """What every tab shares: user-error messages, named range-checked fields, sessions, Cancel and streaming.
 
-- Errors: `user_errors` turns a package's ValueError (and KeyError, FileNotFoundError, FloatingPointError,
-  Cancelled) into a `gr.Error` whose message names no server path, logged as one line without a traceback;
-  `status_on_failure(n)` makes a streamed run's status line say that it failed.
+- Errors: `user_errors` turns what the packages raise for a user to act on (the CLIs' one error map,
+  `interp.cli.USER_ERRORS` and `user_error_message`: ValueError, OSError, ImportError, FloatingPointError, an
+  unreadable weights file) and the UI's own KeyError and Cancelled into a `gr.Error` whose message names no server
+  path, logged as one line without a traceback; `status_on_failure(n)` makes a streamed run's status line say that
+  it failed.
 - Fields: `Number` and `Slider` check their range quietly and by name; `whole_number` / `finite_number`
   turn a field's value into the int or float a package's dataclass takes (a fractional count is refused,
   never rounded).
@@ -33,12 +35,16 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from interp.cli import USER_ERRORS as PACKAGE_ERRORS
+from interp.cli import user_error_message
 from interp.hooks.diffusion import Cancelled, on_each_step
 
 DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped star in the center on a white background"
-# ModelError, EditError, LibraryError... are ValueErrors; Cancelled is the user's own stop, reported as such;
-# FloatingPointError is a diverged loss (too high a learning rate), as in the CLIs' error map.
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FloatingPointError, Cancelled)
+# The CLIs' error map (ModelError, EditError, LibraryError... are ValueErrors; FloatingPointError is a diverged
+# loss) and two of the UI's own: KeyError, a lookup of a value a client sent (any value reaches a handler through
+# the HTTP API), and Cancelled, the user's own stop, reported as such. A weights file that cannot be read is a
+# user error too (`interp.cli.user_error_message`).
+USER_ERRORS = PACKAGE_ERRORS + (KeyError, Cancelled)
 LOG = logging.getLogger("workbench")
 MAX_PROMPT_CHARS = 2000          # a prompt longer than this is refused with the limit (never cut)
 UPLOAD_LIMIT_BYTES = 2_000_000   # per uploaded data file (launch's max_file_size is the hard cap)
@@ -85,8 +91,14 @@ def quiet_error(text: str, where: str = "") -> gr.Error:
     return gr.Error(text, print_exception=False)
 
 
-def _message(err: BaseException, where: str = "") -> gr.Error:
-    return quiet_error(error_text(err), where)
+def user_message(err: BaseException) -> str | None:
+    """What the user is told about a failure they can act on (no server paths); None for a bug."""
+    if isinstance(err, gr.Error):
+        return err.message
+    if isinstance(err, USER_ERRORS):
+        return error_text(err)
+    message = user_error_message(err)  # an unreadable weights file
+    return None if message is None else without_paths(message)
 
 
 def user_errors(fn):
@@ -98,10 +110,11 @@ def user_errors(fn):
         def streaming(*args, **kwargs):
             try:
                 yield from fn(*args, **kwargs)
-            except gr.Error as err:
-                raise quiet_error(err.message, fn.__name__) from None
-            except USER_ERRORS as err:
-                raise _message(err, fn.__name__) from None
+            except Exception as err:
+                text = user_message(err)
+                if text is None:  # a bug: raised as it is, with its traceback
+                    raise
+                raise quiet_error(text, fn.__name__) from None
 
         streaming.user_errors = True
         return streaming
@@ -110,10 +123,11 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except gr.Error as err:
-            raise quiet_error(err.message, fn.__name__) from None
-        except USER_ERRORS as err:
-            raise _message(err, fn.__name__) from None
+        except Exception as err:
+            text = user_message(err)
+            if text is None:  # a bug: raised as it is, with its traceback
+                raise
+            raise quiet_error(text, fn.__name__) from None
 
     wrapper.user_errors = True
     return wrapper
@@ -130,9 +144,9 @@ def status_on_failure(n_outputs: int):
             except GeneratorExit:
                 raise
             except BaseException as err:
-                known = isinstance(err, USER_ERRORS + (gr.Error,))
-                text = (err.message if isinstance(err, gr.Error) else error_text(err)) if known else \
-                    f"an internal error ({type(err).__name__}); the server log has the details"
+                text = user_message(err) if isinstance(err, Exception) else None
+                if text is None:
+                    text = f"an internal error ({type(err).__name__}); the server log has the details"
                 yield (f"**Failed**: {text}", *[gr.update()] * (n_outputs - 1))
                 raise
         return streaming
