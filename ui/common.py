@@ -11,7 +11,8 @@
 - Sessions (`Sessions`, the base of app.py's Workbench): one folder per browser session, removed when the page
   closes; one Cancel flag per session and action (`start_action` / `end_action` / `cancel`); `interruptible`
   for generations; images served from files; uploads checked before any package reads them.
-- Streaming: long work runs in `run_in_thread`; a stream updates at most every `STREAM_INTERVAL_S`.
+- Streaming: long work runs in `run_in_thread`; `Sessions.stream_action` runs it as a cancellable action and
+  streams its progress, at most every `STREAM_INTERVAL_S`, with Cancel said within `POLL_S`.
 
 Nothing here imports app.py; the tab modules import this one.
 """
@@ -289,6 +290,48 @@ class Sessions:
                 yield
         finally:
             self.end_action(request, action, event)
+
+    def stream_action(self, request: gr.Request | None, action: str, work, *, update, cancelling,
+                      on_event=None, on_error=None):
+        """Run ``work(emit, cancel)`` in a thread (`run_in_thread`) as one cancellable action of the session, and
+        stream its progress: a generator of the tab's outputs whose value is what work returned
+        (``result = yield from bench.stream_action(...)``). The RIEBench and VCL tabs' one streaming loop.
+
+        - ``on_event(item)``: each item work emits, as it comes (it outputs nothing);
+        - ``update()`` -> outputs, or None when there is nothing new: called at most every ``STREAM_INTERVAL_S``
+          (a few updates a second however fast work goes), until Cancel is clicked;
+        - ``cancelling()`` -> outputs: yielded once, within ``POLL_S`` of the Cancel click, saying that work stops
+          at its next check of ``cancel``; the tab's outputs after work returns say how it ended;
+        - ``on_error(err)`` -> the exception to raise when work fails (default: work's own).
+
+        However the stream ends (finished, failed, closed by the browser), ``cancel`` is set, so work still running
+        stops at its next check, and the action ends (a later Cancel click has nothing to stop)."""
+        cancel = self.start_action(request, action)
+        events = run_in_thread(lambda emit: work(emit, cancel))
+        checked, stopping = time.monotonic(), False
+        try:
+            while True:
+                try:
+                    kind, item = events.get(timeout=POLL_S)
+                except queue.Empty:
+                    kind, item = None, None
+                if kind == "error":
+                    raise item if on_error is None else on_error(item)
+                if kind == "done":
+                    return item
+                if kind == "event" and on_event is not None:
+                    on_event(item)
+                if cancel.is_set() and not stopping:  # the Cancel button: said at once, done at work's next check
+                    stopping = True
+                    yield cancelling()
+                elif not stopping and time.monotonic() - checked >= STREAM_INTERVAL_S:
+                    checked = time.monotonic()
+                    outputs = update()
+                    if outputs is not None:
+                        yield outputs
+        finally:
+            cancel.set()
+            self.end_action(request, action, cancel)
 
     def image_file(self, request: gr.Request | None, image, slot: str) -> str:
         """The image as a PNG in the session's folder, under a name of its own for every call: two requests

@@ -1,8 +1,8 @@
 """The "RIEBench" tab: edit shapes-world images by representations and score the edits against the exact target.
 
 Widgets (category, tasks, method, k_trans, m, variant, blocks) -> `riebench.methods.MethodConfig` and
-`riebench.runner.RunConfig` -> `Runner.run` in a thread, whose results stream (at most every
-`STREAM_INTERVAL_S`) into `riebench.report.category_table` / `tradeoff_figure` and a gallery per task.
+`riebench.runner.RunConfig` -> `Runner.run` in a thread (`Sessions.stream_action`), whose results stream (at
+most every `STREAM_INTERVAL_S`) into `riebench.report.category_table` / `tradeoff_figure` and a gallery per task.
 Cancel sets the session's flag; the runner stops before its next edit and the stream says where it stopped.
 HTTP API: /riebench (category, task_ids, method, k_trans, multiplier, blocks, variant).
 """
@@ -10,16 +10,13 @@ HTTP API: /riebench (category, task_ids, method, k_trans, multiplier, blocks, va
 from __future__ import annotations
 
 import functools
-import queue
 import tempfile
-import time
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
 
-from ui.common import POLL_S, STREAM_INTERVAL_S, Number, finite_number, run_in_thread, status_on_failure, \
-    user_errors, whole_number
+from ui.common import Number, finite_number, status_on_failure, user_errors, whole_number
 
 MAX_RIEBENCH_TASKS = 8           # tasks in one interactive run
 RIEBENCH_TASKS_SHOWN = 8         # tasks of a category offered for choice
@@ -123,53 +120,46 @@ class RIEBenchTab:
         out = Path(tempfile.mkdtemp(prefix="run-", dir=bench.session_dir(request, "riebench")))
         runner = Runner(RunConfig(model=bench.model_name, configs=[config]), out, model=bench.t2i, saes=saes,
                         suite=suite, progress=False)
-        cancel = bench.start_action(request, "riebench")
-        events = run_in_thread(lambda emit: runner.run(on_result=emit, cancel=cancel))
         results, gallery, failures = [], [], []
-        done, total = 0, len(suite.tasks)
+        state = {"done": 0, "total": len(suite.tasks), "changed": False}
+
+        def add(item):  # one (task, configuration) done: its result, and its images in the gallery
+            task, result = item["task"], item["result"]
+            state.update(done=item["done"], total=item["total"], changed=True)
+            if "error" in result:
+                failures.append(f"{task.id}: {result['error']}")
+                return
+            results.append(result)
+            target = shapes.render(task.scenes()[1]) if task.target_scene is not None else None
+            gallery.extend([(self.run_image(out, item["original_image"], f"{task.id}-original"),
+                             f"{task.id} original: {task.original}"),
+                            (self.run_image(out, item["edited_image"], f"{task.id}-edited"),
+                             f"{task.id} edited ({config.label})"),
+                            *([(self.run_image(out, target, f"{task.id}-target"),
+                                f"{task.id} target: {task.edited}")] if target is not None else [])])
+
+        def update():  # a few times a second, when something was added
+            if not state["changed"]:
+                return None
+            state["changed"] = False
+            progress((state["done"], state["total"]), desc="riebench", unit="task")
+            return self.outputs(results, gallery, f"{state['done']} of {state['total']} task(s) done…")
+
+        def cancelling():
+            unchanged = gr.update()
+            return (f"**Cancelling**: {state['done']} of {state['total']} task(s) done; the run stops after the "
+                    "current edit…", unchanged, unchanged, unchanged)
+
+        total = state["total"]
         progress((0, total), desc="riebench", unit="task")
         yield self.outputs(results, gallery, f"Running {config.label} on {total} task(s)…")
-        shown, changed, cancelling = time.monotonic(), False, False
-        unchanged = gr.update()
-        try:
-            while True:
-                try:
-                    kind, item = events.get(timeout=POLL_S)
-                except queue.Empty:
-                    kind = None
-                if kind == "error":
-                    raise item
-                if kind == "done":
-                    break
-                if kind == "event":
-                    task, result = item["task"], item["result"]
-                    done, total, changed = item["done"], item["total"], True
-                    if "error" in result:
-                        failures.append(f"{task.id}: {result['error']}")
-                    else:
-                        results.append(result)
-                        target = shapes.render(task.scenes()[1]) if task.target_scene is not None else None
-                        gallery += [(self.run_image(out, item["original_image"], f"{task.id}-original"),
-                                     f"{task.id} original: {task.original}"),
-                                    (self.run_image(out, item["edited_image"], f"{task.id}-edited"),
-                                     f"{task.id} edited ({config.label})"),
-                                    *([(self.run_image(out, target, f"{task.id}-target"),
-                                        f"{task.id} target: {task.edited}")] if target is not None else [])]
-                if cancel.is_set() and not cancelling:  # the Cancel button: said at once, done after this edit
-                    cancelling = True
-                    yield (f"**Cancelling**: {done} of {total} task(s) done; the run stops after the current "
-                           "edit…", unchanged, unchanged, unchanged)
-                elif changed and time.monotonic() - shown >= STREAM_INTERVAL_S:  # a few updates a second
-                    shown, changed = time.monotonic(), False
-                    progress((done, total), desc="riebench", unit="task")
-                    yield self.outputs(results, gallery, f"{done} of {total} task(s) done…")
-        finally:
-            cancel.set()  # a closed stream stops the run after the current edit
-            bench.end_action(request, "riebench", cancel)
-        counts = item
+        # the session's Cancel flag stops the runner before its next edit (and so does a closed stream)
+        counts = yield from bench.stream_action(
+            request, "riebench", lambda emit, cancel: runner.run(on_result=emit, cancel=cancel),
+            on_event=add, update=update, cancelling=cancelling)
         settings = f"with `{config.label}` (k_trans={config.k_trans}, m={config.multiplier:g})"
         if counts.get("cancelled"):
-            status = (f"**Cancelled** after {counts['done'] + counts['failed']} of {total} task(s): "
+            status = (f"**Cancelled** after {counts['done'] + counts['failed']} of {state['total']} task(s): "
                       f"{counts['done']} edited {settings}, {counts['failed']} failed; the tasks after them "
                       "were not run.")
         else:

@@ -1,9 +1,9 @@
 """The "VCL fine-tuning" tab: SFT plus lambda x the Variance Concentration Loss on a copy of a chat model.
 
 Widgets (model, training data, loss settings, run settings) -> `flowlens.vcl.VCLConfig` inside
-`flowlens.finetune.FinetuneConfig` -> `flowlens.finetune.finetune` in a thread on a private copy of the model
-(`interp.models.lm.load_hf_lm`); its log streams into `loss_curves_figure` (at most every `STREAM_INTERVAL_S`),
-and the refusal evaluation before and after training into a table. Cancel sets the session's flag; finetune
+`flowlens.finetune.FinetuneConfig` -> `flowlens.finetune.finetune` in a thread (`Sessions.stream_action`) on a
+private copy of the model (`interp.models.lm.load_hf_lm`); its log streams into `loss_curves_figure` (at most every
+`STREAM_INTERVAL_S`), and the refusal evaluation before and after training into a table. Cancel sets the session's flag; finetune
 stops after its current step with a checkpoint, and the stream says so.
 HTTP API: /vcl (model_name, source, upload, n_examples, weight, k, window_start, window_end, sign, pooling,
 steps, lr, batch_size, eval_per_kind).
@@ -11,17 +11,15 @@ steps, lr, batch_size, eval_per_kind).
 
 from __future__ import annotations
 
-import queue
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import gradio as gr
 import torch
 
-from ui.common import (POLL_S, STREAM_INTERVAL_S, UPLOADED, Number, Slider, fetch_hint, finite_number, run_in_thread,
-                       status_on_failure, user_errors, whole_number, world_records)
+from ui.common import (UPLOADED, Number, Slider, fetch_hint, finite_number, status_on_failure, user_errors,
+                       whole_number, world_records)
 
 
 def build_vcl_tab(bench) -> VCLTab:
@@ -118,45 +116,41 @@ class VCLTab:
                                 chat_template=None,
                                 eval_prompts=str(evaluation) if evaluation else None, eval_max_new_tokens=24,
                                 progress=False)
-        cancel = bench.start_action(request, "fine-tuning")
-        events = run_in_thread(lambda emit: finetune(config, model=model, tokenizer=tokenizer, cancel=cancel))
         title = f"{model_name}: SFT + {vcl.weight:g} x VCL (k={vcl.k}, window {vcl.window[0]:g}-{vcl.window[1]:g}, " \
                 f"{vcl.sign}, {vcl.pooling})"
-        shown, drawn, cancelling, entries = 0.0, -1, False, []
-        unchanged = gr.update()
-        try:
-            while True:
-                try:
-                    kind, item = events.get(timeout=POLL_S)
-                except queue.Empty:
-                    kind = None
-                if kind == "error":
-                    raise self.failure(item, read_log(config.out), steps, config.lr)
-                if kind == "done":
-                    entries = read_log(config.out)
-                    break
-                if cancel.is_set() and not cancelling:  # the Cancel button: said at once, done after this step
-                    cancelling = True
-                    entries = read_log(config.out)
-                    when = "after the current step" if entries else \
-                        "after the evaluation before training and the first step"
-                    yield f"**Cancelling** at step {len(entries)} of {steps}: the run stops {when}…", \
-                        unchanged, unchanged
-                elif not cancelling and time.monotonic() - shown >= STREAM_INTERVAL_S:  # a few updates a second
-                    shown = time.monotonic()
-                    entries = read_log(config.out)
-                    if len(entries) != drawn:
-                        drawn = len(entries)
-                        progress((len(entries), steps), desc="fine-tuning", unit="step")
-                        phase = ("evaluating before training…" if evaluation else "starting…") if not entries else \
-                            f"step {len(entries)} of {steps}…" if len(entries) < steps else \
-                            f"step {steps} of {steps}; saving" + (" and evaluating after training…" if evaluation
-                                                                 else "…")
-                        yield f"Fine-tuning: {phase}", loss_curves_figure(entries, title), []
-        finally:
-            cancel.set()  # a closed stream stops the run after the current step
-            bench.end_action(request, "fine-tuning", cancel)
-        result = item
+        log = {"entries": [], "drawn": 0}  # finetune's log as last read, and how many steps the figure shows
+
+        def phase(n: int) -> str:
+            if not n:
+                return "evaluating before training…" if evaluation else "starting…"
+            if n < steps:
+                return f"step {n} of {steps}…"
+            return f"step {steps} of {steps}; saving" + (" and evaluating after training…" if evaluation else "…")
+
+        def update():  # a few times a second: the log, when it has new steps
+            log["entries"] = read_log(config.out)
+            if len(log["entries"]) == log["drawn"]:
+                return None
+            log["drawn"] = len(log["entries"])
+            progress((log["drawn"], steps), desc="fine-tuning", unit="step")
+            return f"Fine-tuning: {phase(log['drawn'])}", loss_curves_figure(log["entries"], title), []
+
+        def cancelling():
+            log["entries"] = read_log(config.out)
+            when = "after the current step" if log["entries"] else \
+                "after the evaluation before training and the first step"
+            return (f"**Cancelling** at step {len(log['entries'])} of {steps}: the run stops {when}…", gr.update(),
+                    gr.update())
+
+        progress((0, steps), desc="fine-tuning", unit="step")
+        yield f"Fine-tuning: {phase(0)}", loss_curves_figure([], title), []
+        # the session's Cancel flag stops finetune after its current step, with a checkpoint (so does a closed stream)
+        result = yield from bench.stream_action(
+            request, "fine-tuning", lambda emit, cancel: finetune(config, model=model, tokenizer=tokenizer,
+                                                                 cancel=cancel),
+            update=update, cancelling=cancelling,
+            on_error=lambda err: self.failure(err, read_log(config.out), steps, config.lr))
+        entries = read_log(config.out)
         if result["status"] == "cancelled":
             status = (f"**Cancelled** cleanly at step {result['step']} of {steps}: the checkpoint is saved in the "
                       "session's folder; the after-training evaluation was not run.")
