@@ -39,7 +39,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar, Iterable, Iterator
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -101,18 +100,6 @@ class CollectionPlan:
 
 def shard_name(shard: int) -> str:
     return f"shard-{shard:06d}.safetensors"
-
-
-def world_prompts(n: int, seed: int = 0, progress: bool = False) -> list[str]:
-    """n captions of random scenes of the shapes world (varied wording), reproducible by seed;
-    with `progress`, a progress bar (about 14,000 captions a second)."""
-    from tqdm import tqdm
-
-    from .zoo import shapes
-
-    rng = np.random.default_rng(seed)
-    return [shapes.caption(shapes.sample_scene(rng), rng)
-            for _ in tqdm(range(n), desc="captions", unit="caption", disable=not progress, mininterval=1.0)]
 
 
 def read_prompts(path: str | os.PathLike) -> list[str]:
@@ -782,8 +769,12 @@ def collect_command(args) -> int:
                          f"or --world")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    prompts = read_prompts(args.prompts) if args.prompts else world_prompts(args.world, args.world_seed,
-                                                                            progress=rank == 0)
+    if args.prompts:
+        prompts = read_prompts(args.prompts)
+    else:  # --world N: the shapes world's captions, whatever the model
+        from .ground_truth import world
+
+        prompts = world("shapes").prompts(args.world, args.world_seed, progress=rank == 0)
     if args.seed + len(prompts) - 1 > MAX_SEED:
         raise StoreError(f"--seed {args.seed} with {len(prompts)} images needs seeds up to "
                          f"{args.seed + len(prompts) - 1}, past the largest seed, {MAX_SEED} (2**64 - 1)")

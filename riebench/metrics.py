@@ -21,19 +21,16 @@ import os
 
 import numpy as np
 
+from interp.ground_truth import world
 from interp.zoo import shapes
 
 from .categories import ATTRIBUTES, SHAPES_CATEGORY_REGISTRY
 from .tasks import Task
 
-_PROBE = None
-
 
 def default_probe() -> shapes.AttributeProbe:
-    global _PROBE
-    if _PROBE is None:
-        _PROBE = shapes.AttributeProbe()
-    return _PROBE
+    """The shapes world's probe (its ground truth, `interp.ground_truth`): a shapes suite's tasks are its scenes."""
+    return world("shapes").probe()
 
 
 def as_array(image) -> np.ndarray:

@@ -134,11 +134,12 @@ def _eval(args) -> int:
         if args.steps is None:
             args.steps = int(store.manifest["steps"])
     else:
-        from interp.store import world_prompts
+        from interp.ground_truth import world
 
         from .features import generate_pool
 
-        prompts, seeds = world_prompts(args.world, args.world_seed), [args.seed + i for i in range(args.world)]
+        prompts = world("shapes").prompts(args.world, args.world_seed)  # --world N: the shapes world's captions
+        seeds = [args.seed + i for i in range(args.world)]
         updates = generate_pool(model, [_model_block(model, block)], prompts, seeds, steps=args.steps).updates
         vectors = next(iter(updates.values())).permute(0, 2, 3, 1).reshape(-1, sae.cfg.d_in)
         batches = vectors.split(args.batch_size)
@@ -237,9 +238,9 @@ def _features(args) -> int:
             raise ValueError(f"the store at {args.store} lacks {', '.join(missing)}; it has: {', '.join(store.blocks)}")
         pool = store_pool(model, store, list(saes), args.images)
     else:
-        from interp.store import world_prompts
+        from interp.ground_truth import world
 
-        prompts = world_prompts(args.world, args.world_seed)
+        prompts = world("shapes").prompts(args.world, args.world_seed)  # --world N: the shapes world's captions
         pool = generate_pool(model, list(saes), prompts, [args.seed + i for i in range(args.world)],
                              steps=args.steps)
     config = AnalysisConfig(n_top_images=args.top, label_min_auroc=args.label_min_auroc)

@@ -7,7 +7,7 @@ green. The causal label score measures the edit itself, on the shapes world:
     for each of n held-out scenes whose target object does not have the labelled value,
     paint the feature inside that object (`FeatureLibrary.paint_edit`, the Paint tab's edit: strength x the
     card's mean activation, the object's mask downsampled to the block), regenerate with the same seed and
-    read the object with the shapes probe (`riebench.metrics.default_probe`);
+    read the object with the world's probe (`interp.ground_truth`: the model's world, the shapes world);
     causal_label = share of scenes where the probe reads the labelled value on the edited image,
     causal_label_before = the same share on the unedited image (about 0 by construction).
 
@@ -106,14 +106,16 @@ def causal_label_scores(library, model, block: str, features: list[int], n_scene
                         originals: dict | None = None) -> dict[int, dict]:
     """{feature: {"causal_label", "causal_label_before", "causal_label_n"}} for labelled features of a block.
 
-    library: a `saes.library.FeatureLibrary`; model: its T2IModel. originals: a dict kept between calls to
-    reuse the unedited generations of a label's scenes (they do not depend on the feature or block)."""
+    library: a `saes.library.FeatureLibrary`; model: its T2IModel, made in the shapes world (a model without
+    that ground truth is refused: its images cannot be read). probe: the reader of images (default: the world's).
+    originals: a dict kept between calls to reuse the unedited generations of a label's scenes (they do not
+    depend on the feature or block)."""
+    from interp.ground_truth import require_ground_truth
     from interp.hooks import apply_edits
 
-    if probe is None:
-        from riebench.metrics import default_probe
-
-        probe = default_probe()
+    truth = require_ground_truth(model, "a causal label score (features painted into scenes of the shapes world, "
+                                        "read back by its probe)")
+    probe = truth.probe() if probe is None else probe
     originals = {} if originals is None else originals
     results = {}
     for feature in features:

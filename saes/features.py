@@ -99,11 +99,9 @@ OBJECT_ATTRIBUTES = ("shape", "colour", "size", "texture", "position")
 
 def attribute_names() -> list[tuple[str, str]]:
     """Every (attribute, value) of the shapes world: object attributes, then the background."""
-    from interp.zoo.shapes import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, SIZES, TEXTURES
+    from interp.ground_truth import world
 
-    values = {"shape": SHAPES, "colour": tuple(COLOURS), "size": SIZES, "texture": TEXTURES,
-              "position": POSITIONS, "background": tuple(BACKGROUNDS)}
-    return [(attribute, value) for attribute, options in values.items() for value in options]
+    return world("shapes").attribute_values()
 
 
 def cell_targets(scenes: list) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
@@ -487,17 +485,13 @@ class AnalysisPool:
     updates: dict[str, torch.Tensor]   # block -> (N, channels, height, width) float32
 
     def scenes(self) -> list | None:
-        """The shapes-world scene of each prompt (None where a prompt is outside the world);
-        None when no prompt is of the world."""
-        from interp.zoo.shapes import WorldError, parse_caption
+        """The scene of each prompt in the world its prompts are captions of (`interp.ground_truth.ground_truth_of`;
+        None where a prompt is outside it); None when no prompt is of a world with ground truth (a real model's
+        prompts): the cards then get statistics and no labels."""
+        from interp.ground_truth import ground_truth_of
 
-        scenes = []
-        for prompt in self.prompts:
-            try:
-                scenes.append(parse_caption(prompt))
-            except WorldError:
-                scenes.append(None)
-        return scenes if any(s is not None for s in scenes) else None
+        truth = ground_truth_of(self.prompts)
+        return truth.scenes(self.prompts) if truth is not None else None
 
 
 def generate_pool(model, blocks: list[str], prompts: list[str], seeds: list[int], steps: int | None = None,

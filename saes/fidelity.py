@@ -10,9 +10,9 @@ For each prompt the image is generated four ways with the same seed:
     ablate              the block writes nothing (the reference for "no information from this block")
 
 and compared with the original: mean absolute pixel difference (0-255), root mean square
-difference and PSNR. On the shapes world, each image is also read by the attribute probe
-(`shapes.AttributeProbe().score` against `parse_caption(prompt)`), giving each variant's
-attribute accuracy beside the original's.
+difference and PSNR. When every prompt is a caption of a world with ground truth (the shapes world:
+`interp.ground_truth.ground_truth_of`), each image is also read by the world's probe (`probe().score` against
+the prompt's scene), giving each variant's attribute accuracy beside the original's.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ def _images(model, prompts, seeds, steps, guidance) -> np.ndarray:
     return np.clip(np.rint(np.asarray(array) * 255), 0, 255).astype(np.uint8)
 
 
-def _world_scenes(prompts: list[str]) -> list | None:
-    """The shapes-world scene of every prompt, or None when any prompt is outside the world."""
-    from interp.zoo.shapes import WorldError, parse_caption
+def _world_scenes(prompts: list[str]) -> tuple[object, list] | None:
+    """(the world's ground truth, the scene of every prompt), or None when any prompt is outside every world."""
+    from interp.ground_truth import ground_truth_of
 
-    try:
-        return [parse_caption(p) for p in prompts]
-    except WorldError:
+    truth = ground_truth_of(prompts)
+    scenes = truth.scenes(prompts) if truth is not None else None
+    if scenes is None or any(scene is None for scene in scenes):
         return None
+    return truth, scenes
 
 
 @torch.no_grad()
@@ -57,17 +58,16 @@ def splice_fidelity(model, sae, block: str, prompts: list[str], seeds: list[int]
 
     from interp.edits import Edit
     from interp.hooks import apply_edits
-    from interp.zoo.shapes import AttributeProbe
 
     if not prompts:
         raise ValueError("splice fidelity needs at least one prompt")
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-    scenes = _world_scenes(prompts) if probe in (None, True) else None
-    if probe and scenes is None:
+    world = _world_scenes(prompts) if probe in (None, True) else None
+    if probe and world is None:
         raise ValueError("the probe reads only captions of the shapes world; some prompts are not")
-    reader = AttributeProbe() if scenes is not None else None
+    reader, scenes = (world[0].probe(), world[1]) if world is not None else (None, None)
     edits = {"splice": Edit(block=block, mode="splice", keep_error=False),
              "splice_with_error": Edit(block=block, mode="splice", keep_error=True),
              "ablate": Edit(block=block, mode="ablate")}

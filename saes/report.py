@@ -50,19 +50,21 @@ def label_coverage(features_summary: dict, min_auroc: float) -> dict[str, dict]:
 def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fidelity_images: int = 64,
                  features_summary: dict | None = None, world_seed: int = 2, seed: int = 100_000,
                  store=None) -> dict:
-    """Measure every block's SAE under `root` on fresh shapes-world generations of `model`.
+    """Measure every block's SAE under `root` on fresh generations of `model` from its world's captions (the
+    shapes world's, for the toy): a model without ground truth is refused (`interp.ground_truth`).
 
     store: the training `ActivationStore`, optional: dead features are then counted over all
     of its vectors (a few hundred fresh images are too few to see rare features fire)."""
-    from interp.store import world_prompts
-    from interp.zoo.shapes import COLOURS, SHAPES
+    from interp.ground_truth import require_ground_truth
 
+    truth = require_ground_truth(model, "the SAE report (its labels, block probes and attribute accuracy)",
+                                 "`python -m saes eval --store DIR` measures its SAEs on its own activations")
     root = Path(root)
     saes = _blocks(root)
     for block in saes:
         if block not in model.blocks:
             raise ValueError(f"{model.name} has no block {block!r} (SAE directory under {root})")
-    prompts = world_prompts(max(n_eval_images, n_fidelity_images), world_seed)
+    prompts = truth.prompts(max(n_eval_images, n_fidelity_images), world_seed)
     seeds = [seed + i for i in range(len(prompts))]
     # every hookable block is captured: the linear probes say where each attribute lives, SAE or not
     pool = generate_pool(model, list(dict.fromkeys([*saes, *model.blocks])), prompts[:n_eval_images],
@@ -91,12 +93,13 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
         }
     report = {"model": model.name, "n_eval_images": n_eval_images, "n_fidelity_images": n_fidelity_images,
               "world_seed": world_seed, "seed": seed, "targets": TARGETS, "blocks": blocks}
-    scenes = pool.scenes()
+    scenes = truth.scenes(pool.prompts)
     if scenes is not None:
         report |= block_geometry(pool.updates, scenes, ceiling_blocks=list(saes))
     if features_summary is not None:
         coverage = label_coverage(features_summary, TARGETS["label_auroc_min"])
-        wanted = [f"colour={c}" for c in COLOURS] + [f"shape={s}" for s in SHAPES]
+        values = truth.attribute_values()
+        wanted = [f"{a}={v}" for attribute in ("colour", "shape") for a, v in values if a == attribute]
         report["attributes_by_block"] = {
             block: {label: entry["best_auroc"] for label, entry in summary["attribute_values"].items()}
             for block, summary in features_summary["blocks"].items()}
@@ -125,13 +128,15 @@ def block_geometry(updates: dict[str, "torch.Tensor"], scenes: list, ceiling_blo
 def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 100_000) -> dict:
     """`block_geometry` of every hookable block of `model` on `n_images` fresh shapes-world generations: the
     check of a new or retrained model before any SAE is trained on it (a colour that lives on a plane with its
-    neighbours, 2 dimensions for 8 values, gets no feature of its own; see saes/pretrained/toy/notes.md)."""
-    from interp.store import world_prompts
+    neighbours, 2 dimensions for 8 values, gets no feature of its own; see saes/pretrained/toy/notes.md).
+    A model without ground truth (`interp.ground_truth`) is refused."""
+    from interp.ground_truth import require_ground_truth
 
-    prompts = world_prompts(n_images, world_seed)
+    truth = require_ground_truth(model, "probing blocks for attributes")
+    prompts = truth.prompts(n_images, world_seed)
     pool = generate_pool(model, list(model.blocks), prompts, [seed + i for i in range(n_images)])
     return {"model": model.name, "n_images": n_images, "world_seed": world_seed, "seed": seed,
-            **block_geometry(pool.updates, pool.scenes())}
+            **block_geometry(pool.updates, truth.scenes(pool.prompts))}
 
 
 def probe_markdown(probes: dict) -> str:

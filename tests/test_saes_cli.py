@@ -25,8 +25,10 @@ def small_store() -> Path:
     store = pytest.importorskip("interp.store")
     from test_hooks_diffusion import random_t2i
 
+    from interp.zoo.shapes import world_prompts
+
     out = Path(tempfile.mkdtemp(prefix="saes-store-")) / "store"
-    plan = store.CollectionPlan(model="random", blocks=[MID], prompts=store.world_prompts(8), seeds=list(range(8)),
+    plan = store.CollectionPlan(model="random", blocks=[MID], prompts=world_prompts(8), seeds=list(range(8)),
                                 steps=1, guidance=0.0, images_per_shard=4)
     store.collect(random_t2i(), plan, out, progress=False)
     return out

@@ -76,7 +76,7 @@ def test_the_report_was_measured_on_the_embedded_weights():
 
 def test_explained_variance_holds_on_fresh_generations(library, toy_t2i):
     from interp.hooks import capture_updates, generate
-    from interp.store import world_prompts
+    from interp.zoo.shapes import world_prompts
     from saes.evaluate import evaluate
 
     prompts = world_prompts(12, seed=4242)  # captions and seeds the SAEs never saw
@@ -106,7 +106,7 @@ def test_labelled_shape_and_colour_features_hold_on_fresh_generations(library, t
     """Every label the report counts towards the target (AUROC >= 0.9) is re-measured on 150 images the
     analysis never saw: the same feature still separates its value from the others."""
     from interp.hooks import capture_updates, generate
-    from interp.store import world_prompts
+    from interp.zoo.shapes import world_prompts
     from interp.zoo.shapes import parse_caption
     from saes.features import attribute_aurocs, encode_positions
 

@@ -35,10 +35,11 @@ class KnownModel:
     default_guidance: float
     embedded: bool = False
     blocks: tuple[str, ...] = SDXL_BLOCKS  # analysed by default: SAEs trained, edits applied, features shown
+    world: str | None = None  # the world whose ground truth it was made in (`interp.ground_truth.WORLDS`)
 
 
 KNOWN_MODELS = {
-    "toy": KnownModel(str(WEIGHTS_DIR / "t2i"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS),
+    "toy": KnownModel(str(WEIGHTS_DIR / "t2i"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     "sdxl-turbo": KnownModel("stabilityai/sdxl-turbo", 1, 0.0),
     "sdxl-base": KnownModel("stabilityai/stable-diffusion-xl-base-1.0", 30, 5.0),
 }
@@ -53,13 +54,18 @@ def _recipe_made(path: str) -> KnownModel | None:
     no guidance, the toy's analysed blocks. Without this it would fall back to 30 steps with guidance."""
     if os.path.isdir(path) and (Path(path) / RECIPE_FILE).exists():
         toy = KNOWN_MODELS["toy"]
-        return KnownModel(path, toy.default_steps, toy.default_guidance, blocks=toy.blocks)
+        return KnownModel(path, toy.default_steps, toy.default_guidance, blocks=toy.blocks, world=toy.world)
     return None
+
+
+def known_model(name_or_path: str) -> KnownModel | None:
+    """What is known of a model by its name, or of a pipeline directory the toy's recipe saved; None otherwise."""
+    return KNOWN_MODELS.get(name_or_path) or _recipe_made(name_or_path)
 
 
 def default_blocks(name_or_path: str) -> tuple[str, ...]:
     """The blocks a model is analysed at by default (SDXL's four for any model not known by name)."""
-    known = KNOWN_MODELS.get(name_or_path) or _recipe_made(name_or_path)
+    known = known_model(name_or_path)
     return known.blocks if known else SDXL_BLOCKS
 MAX_SIDE = 2048
 
@@ -87,6 +93,7 @@ class T2IModel:
     vocabulary: frozenset[str] | None = None  # words the model knows; None: any text
     blocks: dict[str, BlockInfo] = field(default_factory=dict)
     default_blocks: tuple[str, ...] = SDXL_BLOCKS  # see `default_blocks()`; filtered to the UNet's blocks
+    world: str | None = None  # the world it was made in (`interp.ground_truth.ground_truth_for`); None: real
 
     @property
     def unet(self):
@@ -375,4 +382,5 @@ def load_t2i(name_or_path: str = "toy", device: str | None = None, dtype: torch.
     blocks = block_info(pipe.unet)
     return T2IModel(name=name_or_path, pipe=pipe, default_steps=steps, default_guidance=guidance,
                     vocabulary=vocabulary, blocks=blocks,
-                    default_blocks=tuple(b for b in default_blocks(name_or_path) if b in blocks))
+                    default_blocks=tuple(b for b in default_blocks(name_or_path) if b in blocks),
+                    world=known.world if known else None)

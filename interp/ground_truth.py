@@ -1,0 +1,105 @@
+"""Ground truth: what an image generated from a prompt should show, where a world defines it.
+
+The embedded toy model is made in the shapes world (`interp.zoo.shapes`): every caption describes one scene
+exactly (its objects' attributes and grid cells, its background), an exact renderer draws it, and a probe reads
+a scene back from an image. Code that measures against that truth (feature labels and block probes in
+`saes.features`, the SAE report, splice fidelity's attribute accuracy, causal label scores, RIEBench's shapes
+metrics) gets it through this interface, and a real model (SDXL Turbo), or prompts outside every world, gets
+None and a message saying there is no ground truth, instead of running a world's code on what it cannot read.
+
+    truth = ground_truth_for(model)      # the world the model was made in, or None (a T2IModel or a name)
+    truth = ground_truth_of(prompts)     # the world these prompts are captions of, or None
+    prompts = truth.prompts(100, seed=0) # captions of random scenes, reproducible by seed
+    scenes = truth.scenes(prompts)       # one scene per prompt (None for a prompt outside the world)
+    reading = truth.probe().read(image)  # what an image shows (`reading.at(cell)`, `reading.background`)
+
+A new world implements `GroundTruth` and is added to `WORLDS`; a model made in it names it (`KnownModel.world`,
+`T2IModel.world`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+
+@runtime_checkable
+class GroundTruth(Protocol):
+    """A world whose prompts say exactly what an image shows."""
+
+    name: str
+    image_size: int  # the side of the world's images, in pixels
+
+    def prompts(self, n: int, seed: int = 0, progress: bool = False) -> list[str]:
+        """n captions of random scenes of the world, reproducible by seed."""
+
+    def scene(self, prompt: str):
+        """The scene a prompt describes, or None when the prompt is not a caption of the world."""
+
+    def scenes(self, prompts: Sequence[str]) -> list | None:
+        """One scene per prompt (None where a prompt is outside the world); None when no prompt is of it."""
+
+    def attribute_values(self) -> list[tuple[str, str]]:
+        """Every (attribute, value) a scene can have: object attributes, then the background."""
+
+    def probe(self):
+        """The reader of images: ``.read(image)`` -> the scene it shows, ``.score(image, scene)`` -> per attribute
+        correctness."""
+
+
+def _shapes() -> GroundTruth:
+    from .zoo.shapes import WORLD
+
+    return WORLD
+
+
+# name -> the world (imported when first asked for)
+WORLDS: dict[str, Callable[[], GroundTruth]] = {"shapes": _shapes}
+
+
+class GroundTruthError(ValueError):
+    """Work that needs a world's ground truth, asked of a model or prompts that have none."""
+
+
+def world(name: str) -> GroundTruth:
+    """A world by name (``"shapes"``)."""
+    if name not in WORLDS:
+        raise GroundTruthError(f"unknown world {name!r}; the worlds are: {', '.join(WORLDS)}")
+    return WORLDS[name]()
+
+
+def ground_truth_for(model) -> GroundTruth | None:
+    """The world a text-to-image model was made in: a `T2IModel` (its ``world``), or a model name or directory
+    (the toy and pipelines its recipe saved are the shapes world's); None for any other model."""
+    if isinstance(model, (str, os.PathLike)):
+        from .models.t2i import known_model
+
+        known = known_model(os.fspath(model))
+        name = known.world if known is not None else None
+    else:
+        name = getattr(model, "world", None)
+    return world(name) if name else None
+
+
+def ground_truth_of(prompts: Sequence[str]) -> GroundTruth | None:
+    """The world whose captions these prompts are (at least one of them), or None."""
+    for name in WORLDS:
+        truth = world(name)
+        if any(truth.scene(p) is not None for p in prompts):
+            return truth
+    return None
+
+
+def require_ground_truth(model, what: str, instead: str = "") -> GroundTruth:
+    """`ground_truth_for(model)`, or a GroundTruthError saying that `what` needs one, the model has none, and
+    what to do `instead`."""
+    truth = ground_truth_for(model)
+    if truth is None:
+        name = getattr(model, "name", model)
+        raise GroundTruthError(f"{what} needs a model made in a world whose scenes are known (the toy model: the "
+                               f"shapes world); {name} has no ground truth" + (f": {instead}" if instead else ""))
+    return truth
+
+
+__all__ = ["GroundTruth", "GroundTruthError", "WORLDS", "ground_truth_for", "ground_truth_of",
+           "require_ground_truth", "world"]
