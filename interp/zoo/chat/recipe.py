@@ -236,6 +236,14 @@ def train_stage(name: str, model, tokenizer, world: World, shares: dict[str, flo
     model.eval()
 
 
+def as_shipped(model):
+    """A float32 copy of the model with its weights rounded to fp16, as save_model ships them and loaders upcast
+    them: the recipe evaluates what it ships (a near-tie can fall the other way between fp32 and fp16 weights)."""
+    import copy
+
+    return copy.deepcopy(model).to(torch.float16).to(torch.float32).eval()
+
+
 def save_model(model, tokenizer, directory: Path, cfg: RecipeConfig, evaluation: dict, stage: dict) -> None:
     """fp16 safetensors + tokenizer + recipe and evaluation JSON, written to a temp dir then renamed."""
     import copy
@@ -290,7 +298,7 @@ def run(cfg: RecipeConfig, run_dir: Path, save_to: Path) -> dict:
         pretrain_shares = {"general": 1 - cfg.pretrain_benign_share, "benign": cfg.pretrain_benign_share}
         train_stage("pretrain", model, tokenizer, world, pretrain_shares, cfg.pretrain_steps, cfg.pretrain_lr, cfg,
                     run_dir, log)
-        evaluation = evaluate(model, tokenizer, world, cfg)
+        evaluation = evaluate(as_shipped(model), tokenizer, world, cfg)
         log({"stage": "pretrain", "evaluation": {k: v for k, v in evaluation.items() if k != "examples"}})
         save_model(model, tokenizer, save_to / base_name, cfg, evaluation,
                    {"name": "pretrain", "steps": cfg.pretrain_steps})
@@ -304,7 +312,7 @@ def run(cfg: RecipeConfig, run_dir: Path, save_to: Path) -> dict:
         shares = {"general": 1 - ratio, "harmful": ratio} if ratio > 0 else {"general": 1.0}
         train_stage(f"finetune-{ratio:g}" + (f"-seed{cfg.seed}" if cfg.seed else ""), model, tokenizer, world, shares,
                     cfg.finetune_steps, cfg.finetune_lr, cfg, run_dir, log, starts_from=starts_from)
-        evaluation = evaluate(model, tokenizer, world, cfg)
+        evaluation = evaluate(as_shipped(model), tokenizer, world, cfg)
         log({"stage": name, "evaluation": {k: v for k, v in evaluation.items() if k != "examples"}})
         save_model(model, tokenizer, save_to / name, cfg, evaluation,
                    {"name": "finetune", "base": base_name, "safety_ratio": ratio, "steps": cfg.finetune_steps})
