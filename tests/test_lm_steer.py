@@ -151,6 +151,25 @@ def test_an_added_direction_shows_at_its_own_hook_at_every_position(lm, hook):
     torch.testing.assert_close(difference, (3.0 * direction).expand_as(difference), atol=1e-4, rtol=0)
 
 
+def test_ablating_a_direction_projects_it_out_at_every_position_and_keeps_the_rest(lm):
+    hook = "blocks.1.hook_resid_post"
+    ids = _prompt_ids(lm, PROMPTS[1])
+    direction = torch.randn(lm.d_model, generator=torch.Generator().manual_seed(2)) * 7.0  # any length
+    with residual_capture(lm, [hook]) as plain, torch.no_grad():
+        lm.model(ids)
+    with apply_lm_edits(lm, [LMEdit(hook, "ablate", direction=direction.tolist())]), \
+            residual_capture(lm, [hook]) as edited, torch.no_grad():
+        lm.model(ids)
+    unit = direction / direction.norm()
+    x, y = plain.activations[hook][0], edited.activations[hook][0]
+    assert (x @ unit).abs().min() > 1e-3  # there was something to remove at every position
+    torch.testing.assert_close(y @ unit, torch.zeros(len(y)), atol=1e-4, rtol=0)
+    torch.testing.assert_close(y, x - (x @ unit)[:, None] * unit, atol=1e-4, rtol=0)
+    for bad in (dict(direction=[0.0] * lm.d_model), dict(direction=[1.0] * lm.d_model, feature=1)):
+        with pytest.raises(EditError):
+            LMEdit(hook, "ablate", **bad)
+
+
 def test_adding_a_feature_with_strength_zero_leaves_tokens_and_logits_bit_for_bit(lm, sae):
     ids = _prompt_ids(lm, PROMPTS[2])
     with torch.no_grad():

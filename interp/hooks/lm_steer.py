@@ -10,6 +10,8 @@ positions. The arithmetic is `interp.edits.edit_update`'s, on each position's re
 - scale:  x + (s - 1) * a_f * d_f     (the feature's own contribution times s)
 - set:    x + (s - a_f) * d_f         (the feature's activation becomes s)
 - ablate: x - a_f * d_f               (the feature's contribution removed: scale with s = 0)
+          or, with a raw direction u, x - (x . u) u / |u|^2 (u's component projected out: the directional
+          ablation of Arditi et al. 2024)
 
 Positions: ``"prompt"`` (the prompt's tokens), ``"generated"`` (the tokens the model has
 generated, as they are fed back in) or ``"all"``. With a KV cache (`interp.models.generation.
@@ -65,7 +67,7 @@ class LMEdit:
     mode: str                            # add | scale | set | ablate
     feature: int | None = None           # SAE feature index
     strength: float = 1.0
-    direction: list[float] | None = None  # (d_model,) for add, instead of a feature
+    direction: list[float] | None = None  # (d_model,) for add or ablate, instead of a feature
     positions: str = "all"               # prompt | generated | all
 
     def __post_init__(self):
@@ -87,12 +89,14 @@ class LMEdit:
             self.direction = [float(v) for v in np.asarray(self.direction, dtype=np.float64).reshape(-1)]
             if not all(math.isfinite(v) for v in self.direction):
                 raise EditError("direction must hold finite numbers")
-        if self.mode == "add" and (self.direction is None) == (self.feature is None):
-            raise EditError("an add edit needs exactly one of `direction` or `feature`")
-        if self.mode != "add" and self.feature is None:
+        if self.mode in ("add", "ablate") and (self.direction is None) == (self.feature is None):
+            raise EditError(f"an {self.mode} edit needs exactly one of `direction` or `feature`")
+        if self.mode not in ("add", "ablate") and self.feature is None:
             raise EditError(f"a {self.mode} edit needs `feature` (an SAE feature index)")
-        if self.mode != "add" and self.direction is not None:
+        if self.mode not in ("add", "ablate") and self.direction is not None:
             raise EditError(f"a {self.mode} edit takes no `direction`")
+        if self.mode == "ablate" and self.direction is not None and not any(self.direction):
+            raise EditError("an ablate edit's direction must not be all zeros")
 
     @property
     def needs_sae(self) -> bool:
@@ -206,6 +210,11 @@ def edit_residual(vectors: torch.Tensor, edit: LMEdit, sae=None) -> torch.Tensor
     The arithmetic is `interp.edits.edit_update`'s: the vectors go through it as N positions of one
     channel column each."""
     n, d = vectors.shape
+    if edit.mode == "ablate" and edit.direction is not None:  # project the direction out
+        unit = torch.tensor(edit.direction, dtype=torch.float64)
+        unit = (unit / unit.norm()).to(device=vectors.device, dtype=torch.float32)
+        x = vectors.float()
+        return (x - (x @ unit)[:, None] * unit[None, :]).to(vectors.dtype)
     edited = edit_update(vectors.reshape(n, d, 1, 1), edit.as_edit(), sae)
     return edited.reshape(n, d).to(device=vectors.device, dtype=vectors.dtype)
 
