@@ -18,7 +18,9 @@ measured and reported (explained variance at the last prompt token).
 3. Generation with the top N features ablated (x - a_f d_f at every position, prompt and generated), for
    each N and ranking, and with N features drawn at random among those that fire on the prompts (a control):
    XSTest false-refusal and harmful-refusal rates on all prompts and on the held-out half, next to the same
-   generation with no edit.
+   generation with no edit and with the refusal direction itself ablated (the difference of mean residuals
+   between refused and answered prompts, selection half, projected out at the SAE's layer, and at every
+   layer as Arditi et al. do): how much of the refusal a linear read-out at this layer carries at all.
 
 Writes ``experiments/results/smollm2_refusal_features.{json,md,html}`` (the html: the top features' cards).
 """
@@ -142,8 +144,8 @@ def run(args) -> int:
     prompts = [r.prompt for r in records]
     saes = {hook: sae}
 
-    def measure(kind: str, features: list[int]) -> dict:
-        edits = [LMEdit(hook, "ablate", feature=f, positions="all") for f in features]
+    def measure(kind: str, features: list[int], edits: list | None = None) -> dict:
+        edits = edits if edits is not None else [LMEdit(hook, "ablate", feature=f, positions="all") for f in features]
         completions = generate(lm, prompts, edits, saes, max_new_tokens=XSTEST_TOKENS, chat_template=True,
                                batch_size=64)
         out = {"ablated": features, "kind": kind, **xstest_rates(records, completions, held_out)}
@@ -152,7 +154,14 @@ def run(args) -> int:
               f" at {time.perf_counter() - started:.0f} s", flush=True)
         return out
 
+    # the baseline a feature ablation is read against: the refusal direction itself (difference of mean
+    # residuals, refused minus answered, selection half), projected out at the SAE's layer and at every layer
+    direction = (x[selection][torch.as_tensor(refused)[selection]].mean(0)
+                 - x[selection][~torch.as_tensor(refused)[selection]].mean(0))
     runs = [measure("none", [])]
+    for kind, hooks in ((f"direction (layer {layer})", [hook]),
+                        ("direction (every layer)", [f"blocks.{l}.hook_resid_post" for l in range(c.num_hidden_layers)])):
+        runs.append(measure(kind, [], [LMEdit(h, "ablate", direction=direction.tolist()) for h in hooks]))
     firing = torch.nonzero((acts[selection] > 0).any(0)).flatten()
     generator = torch.Generator().manual_seed(0)
     for n in args.top:
@@ -201,7 +210,8 @@ def markdown(result: dict) -> str:
     rows = []
     for run in result["runs"]:
         shown = ", ".join(map(str, run["ablated"][:6])) + (" ..." if len(run["ablated"]) > 6 else "")
-        rows.append([run["kind"], str(len(run["ablated"])), shown, f"{run['false_refusal_rate']:.3f}",
+        count = "a direction" if run["kind"].startswith("direction") else str(len(run["ablated"]))
+        rows.append([run["kind"], count, shown, f"{run['false_refusal_rate']:.3f}",
                      f"{run['harmful_refusal_rate']:.3f}",
                      f"{run['false_refusal_rate'] - base['false_refusal_rate']:+.3f}",
                      f"{run['harmful_refusal_rate'] - base['harmful_refusal_rate']:+.3f}",
