@@ -472,3 +472,21 @@ def test_the_ui_panel_shows_both_completions_and_the_saes_cards_and_refuses_bad_
                           (("nope", str(directory), 1, 1.0, "add", "all", "hi", 4), "unknown model")]:
         with pytest.raises(gr.Error, match=message):
             panel.steer(*args)
+
+
+def test_the_tab_offers_each_models_own_sae_so_the_default_steer_fits():
+    """With a SmolLM2 SAE shipped beside the toy-chat one, the tab opened on toy-chat with SmolLM2's SAE."""
+    import gradio as gr
+
+    from ui.lm_steer import LMSteerPanel, build_lm_steer_tab, sae_model
+
+    panel = LMSteerPanel(None)
+    assert sae_model(panel.sae_for("toy-chat")) == "toy-chat"
+    smol = panel.sae_for("smollm2-135m-instruct")
+    assert sae_model(smol) == "smollm2-135m-instruct"
+    update, rows, summary = panel.model_changed("smollm2-135m-instruct", "frequency")
+    assert update["value"] == smol and smol in update["choices"] and len(rows) and "smollm2-135m-instruct" in summary
+    with gr.Blocks() as demo:
+        build_lm_steer_tab(None)
+    boxes = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    assert sae_model(boxes["lm-steer-sae"].value) == boxes["lm-steer-model"].value == "toy-chat"

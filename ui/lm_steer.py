@@ -52,6 +52,17 @@ def find_lm_saes(roots) -> list[str]:
     return sorted(dict.fromkeys(found))
 
 
+def sae_model(directory) -> str | None:
+    """The language model an SAE directory says it was trained on (cfg.json's metadata.model_name)."""
+    import json
+
+    try:
+        raw = json.loads((Path(directory) / "cfg.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (raw.get("metadata") or {}).get("model_name") or raw.get("model_name")
+
+
 def _whole(value, name: str, low: int, high: int) -> int:
     if value is None or value == "" or not float(value).is_integer() or not low <= float(value) <= high:
         raise ValueError(f"{name} must be a whole number from {low} to {high}")
@@ -84,6 +95,21 @@ class LMSteerPanel:
 
     def sae_choices(self) -> list[str]:
         return find_lm_saes(self.roots)
+
+    def sae_for(self, model: str | None, choices: list[str] | None = None) -> str | None:
+        """The first SAE trained on ``model`` (else the first SAE): what the SAE box shows for that model."""
+        choices = self.sae_choices() if choices is None else choices
+        return next((d for d in choices if sae_model(d) == model), choices[0] if choices else None)
+
+    @user_errors
+    def model_changed(self, model: str, sort_by: str):
+        """Another model chosen: its own SAE in the SAE box (an SAE of another model cannot steer it) and its cards."""
+        choices = self.sae_choices()
+        directory = self.sae_for(model, choices)
+        if directory is None:
+            return gr.update(), [], "No SAE on a residual hook is available."
+        rows, summary = self.feature_table(directory, sort_by)
+        return gr.update(choices=choices, value=directory), rows, summary
 
     def lm(self, name: str):
         if self.bench is not None and hasattr(self.bench, "lm"):
@@ -198,12 +224,14 @@ def build_lm_steer_tab(bench=None, sae_roots=None, number_field=gr.Number) -> LM
     panel = LMSteerPanel(bench, sae_roots)
     models = panel.models()
     saes = panel.sae_choices()
+    default_model = models[0] if models else None
+    default_sae = panel.sae_for(default_model, saes)
     rows, summary = [], ""
-    if saes:
+    if default_sae:
         try:
-            rows, summary = panel.feature_table(saes[0], "frequency")
+            rows, summary = panel.feature_table(default_sae, "frequency")
         except gr.Error as err:  # a broken SAE directory: said when the tab opens, the rest still works
-            summary = f"{saes[0]}: {err.message}"
+            summary = f"{default_sae}: {err.message}"
     with gr.Tab("LM steering", id="lm-steer"):
         gr.Markdown("Steer a language model by one feature of a sparse autoencoder on its residual stream: the "
                     "greedy completion without and with the edit, side by side. The edit acts at the hook the "
@@ -214,11 +242,10 @@ def build_lm_steer_tab(bench=None, sae_roots=None, number_field=gr.Number) -> LM
                 prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2,  # longer: refused, not cut
                                     elem_id="lm-steer-prompt")
                 with gr.Row():
-                    model = gr.Dropdown(label="Model", choices=models, value=models[0] if models else None,
+                    model = gr.Dropdown(label="Model", choices=models, value=default_model,
                                         elem_id="lm-steer-model")
                     sae = gr.Dropdown(label="SAE (or type a directory)", choices=saes,
-                                      value=saes[0] if saes else None, allow_custom_value=True,
-                                      elem_id="lm-steer-sae")
+                                      value=default_sae, allow_custom_value=True, elem_id="lm-steer-sae")
                 with gr.Row():
                     feature = number_field(label="Feature", value=0, elem_id="lm-steer-feature")
                     strength = number_field(label="Strength", value=40.0, elem_id="lm-steer-strength")
@@ -247,15 +274,21 @@ def build_lm_steer_tab(bench=None, sae_roots=None, number_field=gr.Number) -> LM
                                      max_height=420, elem_id="lm-cards-table")
             with gr.Column(scale=3):
                 card = gr.HTML(elem_id="lm-card")
-        run.click(panel.steer, [model, sae, feature, strength, mode, positions, prompt, tokens],
-                  [without, edited, status], concurrency_limit=2)
-        # queued, all of them: an unqueued event's error reaches the browser without its message
-        show.click(panel.feature_table, [sae, sort_by], [table, cards_summary])
-        sort_by.change(panel.feature_table, [sae, sort_by], [table, cards_summary])
-        sae.change(panel.feature_table, [sae, sort_by], [table, cards_summary])
-        table.select(panel.select_row, [sae, table], [feature, card])
-        feature.submit(panel.feature_card, [sae, feature], [card])
+        # inputs by name: the handlers' parameters. Queued, all of them: an unqueued event's error reaches the
+        # browser without its message.
+        run.click(panel.steer, inputs_kwargs={"model": model, "sae_dir": sae, "feature": feature, "strength": strength,
+                                              "mode": mode, "positions": positions, "prompt": prompt,
+                                              "max_new_tokens": tokens},
+                  outputs=[without, edited, status], concurrency_limit=2)
+        listing = {"sae_dir": sae, "sort_by": sort_by}
+        show.click(panel.feature_table, inputs_kwargs=listing, outputs=[table, cards_summary])
+        sort_by.change(panel.feature_table, inputs_kwargs=listing, outputs=[table, cards_summary])
+        sae.change(panel.feature_table, inputs_kwargs=listing, outputs=[table, cards_summary])
+        model.input(panel.model_changed, inputs_kwargs={"model": model, "sort_by": sort_by},
+                    outputs=[sae, table, cards_summary])
+        table.select(panel.select_row, inputs_kwargs={"sae_dir": sae, "rows": table}, outputs=[feature, card])
+        feature.submit(panel.feature_card, inputs_kwargs={"sae_dir": sae, "feature": feature}, outputs=[card])
     return panel
 
 
-__all__ = ["LMSteerPanel", "build_lm_steer_tab", "find_lm_saes", "lm_sae_roots"]
+__all__ = ["LMSteerPanel", "build_lm_steer_tab", "find_lm_saes", "lm_sae_roots", "sae_model"]
