@@ -498,19 +498,19 @@ def config_from_args(args: argparse.Namespace) -> RecipeConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        cfg = config_from_args(args)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    run(cfg, Path(args.out), Path(args.save_to))
+    run(config_from_args(args), Path(args.out), Path(args.save_to))
     return 0
 
 
 def cli(argv: list[str] | None = None) -> int:
+    """The recipe's command line, through the CLIs' one error map (a bad value: one line and exit 2; Ctrl-C: 130)."""
+    from ...cli import run_command
+
     parser = argparse.ArgumentParser(prog="python -m interp.zoo.chat.recipe", description=__doc__.split("\n")[0])
     add_arguments(parser)
-    return main(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.run = main
+    return run_command(args)
 
 
 if __name__ == "__main__":
