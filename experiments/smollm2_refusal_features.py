@@ -244,14 +244,18 @@ def cards_html(result: dict, sae_dir) -> str:
              f"{escape(result['hook'])}</h1><p class='meta'>Features ranked by mean activation at the last prompt token "
              f"on XSTest prompts the fine-tuned model refused minus those it answered. The cards are the SAE's "
              f"shipped ones (the base model on its corpus).</p>"]
+    shown: list[int] = []
     for ranking, top in result["top_features"].items():
-        parts.append(f"<h2>Ranking over {'all' if ranking == 'all' else 'safe'} prompts</h2>")
+        parts.append(f"<h2>Ranking over {'all' if ranking == 'all' else 'safe'} prompts</h2><ol>")
         for f in top[:N_CARDS]:
-            parts.append(f"<p class='meta'>#{f['feature']}: Δ mean {f['difference']:.3f}; fires on "
+            parts.append(f"<li><a href='#f{f['feature']}'>#{f['feature']}</a>: Δ mean {f['difference']:.3f}; fires on "
                          f"{100 * f['fires_refused']:.0f}% of refused and {100 * f['fires_answered']:.0f}% of "
-                         f"answered prompts</p>")
-            if f["feature"] in by_id:
-                parts.append(card_html(by_id[f["feature"]]))
+                         f"answered prompts</li>")
+            if f["feature"] not in shown:
+                shown.append(f["feature"])
+        parts.append("</ol>")
+    parts.append("<h2>Cards</h2>")  # each feature once, in the order the rankings name them
+    parts += [card_html(by_id[f]) for f in shown if f in by_id]
     parts.append("</body></html>")
     return "\n".join(parts)
 

@@ -226,4 +226,4 @@ def test_refusal_features_report_lists_every_run_with_its_held_out_rates_and_the
     assert "| top (all) | 1 | 7 | 0.300 | 0.500 | -0.100 | -0.200 | 0.310 | 0.500 |" in text
     assert "'I\\|'" in text  # a pipe inside a token does not break the table
     page = cards_html(result, "/nonexistent")
-    assert "#7: Δ mean 1.500" in page and page.count("<h2>") == 2
+    assert ">#7</a>: Δ mean 1.500" in page and page.count("<h2>") == 3
