@@ -28,6 +28,7 @@ Writes ``experiments/results/smollm2_refusal_features.{json,md,html}`` (the html
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -43,6 +44,22 @@ def cell_settings(name: str) -> tuple[float, int]:
     if method != "sft" or not ratio.startswith("r") or not seed.startswith("s"):
         raise ValueError(f"{name!r} is not a plain-SFT cell of the study (r<ratio>-sft-s<seed>)")
     return float(ratio[1:]), int(seed[1:])
+
+
+def sae_fit(sae, x) -> dict:
+    """How well the SAE reconstructs residuals x (N, d): explained variance around their mean, relative error
+    |x - x_hat|^2 / |x|^2 and mean cosine. At one position of one template (the last prompt token) the
+    prompts' spread is small beside the shared component, so the explained variance can be low, even
+    negative, while the relative error stays small: the three together say how far off the SAE is."""
+    import torch
+
+    x = torch.as_tensor(x).float()
+    with torch.no_grad():
+        reconstruction = sae.decode(sae.encode(x)).float()
+    error = ((x - reconstruction) ** 2).sum()
+    return {"explained_variance": float(1 - error / ((x - x.mean(0)) ** 2).sum()),
+            "relative_error": float(error / (x ** 2).sum()),
+            "cosine": float(torch.nn.functional.cosine_similarity(x, reconstruction).mean())}
 
 
 def halves(n: int) -> tuple[list[int], list[int]]:
@@ -92,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sae", default=str(SAE_DIR))
     parser.add_argument("--top", type=int, nargs="+", default=[1, 5, 20], help="numbers of features ablated")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--fit-only", action="store_true",
+                        help="recompute only the SAE's fit (base and fine-tuned residuals) into the existing results")
     parser.set_defaults(run=run)
     return run_command(parser.parse_args(argv))
 
@@ -103,7 +122,7 @@ def run(args) -> int:
     from interp.hooks.lm import parse_hook_name
     from interp.hooks.lm_steer import LMEdit, generate
 
-    from .smollm2_study import XSTEST_TOKENS, committed_cell, residuals, train_cell, xstest_records
+    from .smollm2_study import XSTEST_TOKENS, base_reference, committed_cell, residuals, train_cell, xstest_records
 
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -125,10 +144,18 @@ def run(args) -> int:
     lm = LanguageModel(model, tokenizer, n_layers=c.num_hidden_layers, d_model=c.hidden_size,
                        n_ctx=context_length(c), backend="hf", name=f"smollm2-135m-instruct ({args.cell})")
     x = torch.from_numpy(residuals(model, tokenizer, [r.prompt for r in records])[:, layer])
+    fit = {"fine_tuned": sae_fit(sae, x), "base": sae_fit(sae, base_reference()[:, layer])}
+    explained = fit["fine_tuned"]["explained_variance"]
+    if args.fit_only:
+        path = RESULTS / "smollm2_refusal_features.json"
+        result = json.loads(path.read_text())
+        result.update(sae_explained_variance=explained, sae_fit=fit)
+        write_json(path, result)
+        (RESULTS / "smollm2_refusal_features.md").write_text(markdown(result))
+        print(json.dumps(fit, indent=1))
+        return 0
     with torch.no_grad():
         acts = sae.encode(x).float()
-        reconstruction = sae.decode(acts)
-    explained = float(1 - ((x - reconstruction) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())
     selection, held_out = halves(len(records))
     safe = [i for i in selection if records[i].kind == "benign"]
     cards = _cards(args.sae)
@@ -171,7 +198,7 @@ def run(args) -> int:
     result = {"cell": args.cell, "sae": str(args.sae), "hook": hook, "xstest_tokens": XSTEST_TOKENS,
               "cell_rates": {k: cell["xstest"][k] for k in ("false_refusal_rate", "harmful_refusal_rate")},
               "n_refused": sum(refused), "n_prompts": len(records), "n_selection": len(selection),
-              "n_held_out": len(held_out), "sae_explained_variance": explained,
+              "n_held_out": len(held_out), "sae_explained_variance": explained, "sae_fit": fit,
               "top_features": rankings, "runs": runs, "seconds": round(time.perf_counter() - started, 1)}
     write_json(RESULTS / "smollm2_refusal_features.json", result)
     (RESULTS / "smollm2_refusal_features.md").write_text(markdown(result))
@@ -203,8 +230,7 @@ def markdown(result: dict) -> str:
     base = result["runs"][0]
     text = (f"# Refusal features of SmolLM2 fine-tuned with safety data ({result['cell']})\n\n"
             f"Written by `python -m experiments.smollm2_refusal_features`. SAE: `{result['sae']}` at `{result['hook']}` "
-            f"(trained on the base model; explained variance on the fine-tuned model's last-prompt-token residuals: "
-            f"{result['sae_explained_variance']:.3f}). {result['n_refused']} of {result['n_prompts']} XSTest prompts "
+            f"(trained on the base model) {_fit_text(result)}. {result['n_refused']} of {result['n_prompts']} XSTest prompts "
             f"refused by the fine-tuned model ({result['xstest_tokens']} new tokens, greedy). Features are chosen on "
             f"{result['n_selection']} prompts (even positions); *held out*: the other {result['n_held_out']}.\n\n")
     rows = []
@@ -229,6 +255,17 @@ def markdown(result: dict) -> str:
                                  " / ".join(f.get("contexts", []))[:160].replace("|", "\\|")]
                                 for f in top[:N_CARDS]])
     return text
+
+
+def _fit_text(result: dict) -> str:
+    fit = result.get("sae_fit")
+    if fit is None:
+        return f"(explained variance at the last prompt token: {result['sae_explained_variance']:.3f})"
+    f, b = fit["fine_tuned"], fit["base"]
+    return (f"(at the last prompt token of the XSTest prompts: relative error {f['relative_error']:.3f} on the fine-tuned "
+            f"model's residuals against {b['relative_error']:.3f} on the base model's, cosine {f['cosine']:.3f} against "
+            f"{b['cosine']:.3f}; explained variance around the prompts' mean {f['explained_variance']:.2f} against "
+            f"{b['explained_variance']:.2f}, low because the prompts differ little there)")
 
 
 def cards_html(result: dict, sae_dir) -> str:

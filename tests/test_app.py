@@ -480,6 +480,32 @@ def test_painted_edit_changes_the_image_only_inside_the_region():
 
 
 @needs_chromium
+def test_browser_browses_a_language_models_sae_cards_in_the_features_tab(page):
+    """Issue 19: LM feature cards in the Features tab, the model picked there; the card is the HTML one."""
+    open_tab(page, "Features")
+    model = page.locator("#features-model input")
+    model.click()
+    model.fill("toy-chat")
+    page.get_by_role("option", name="toy-chat", exact=True).click()
+    wait_until(page, text_includes("#features-summary", "of toy-chat"), 60_000, "#features-summary")
+    assert page.locator("#features-block input").input_value() == "blocks.1.hook_resid_post"
+    assert "promotes" in page.locator("#features-table").inner_text()
+    page.locator("#features-id input").fill("3")
+    page.locator("#features-open").click()
+    wait_until(page, text_includes("#feature-lm-card", "promotes:"), 30_000, "#feature-lm-card")
+    assert "blocks.1.hook_resid_post feature 3 (toy-chat)" in page.locator("#feature-card").inner_text()
+    assert page.locator("#feature-lm-card .tok").count() > 0  # the contexts' tokens, shaded by activation
+    page.screenshot(path=str(SCREENSHOTS / "features-lm.png"), full_page=True)
+    # back to the image model: its blocks and table again
+    model.click()
+    model.fill("toy")
+    page.get_by_role("option", name="toy", exact=True).click()
+    wait_until(page, "!document.querySelector('#features-summary').innerText.includes('toy-chat')", 30_000,
+               "#features-summary")
+    assert page.locator("#feature-lm-card").inner_text().strip() == ""
+
+
+@needs_chromium
 def test_browser_opens_a_feature_card(page):
     open_tab(page, "Features")
     page.locator("#features-id input").fill("0")
