@@ -148,39 +148,56 @@ class FeaturesTab:
         if not blocks:
             raise ValueError(f"{model} has no SAE feature cards here")
         block = blocks[0] if self.is_lm(model) else blocks[-1]
-        rows, summary = self.table(block, sort_by, search, model)
+        rows, summary = self._table(block, sort_by, search, model)
         return gr.update(choices=blocks, value=block), rows, summary, None, "", [], ""
 
     # ----- the wired handlers: each dispatches on the model -------------------------------------------
-    @user_errors
-    def table(self, block: str, sort_by: str, search: str, model: str | None = None):
+    def _table(self, block: str, sort_by: str, search: str, model: str | None = None):
         """(the table as a DataFrame with its headers, a summary line)."""
         import pandas as pd
 
         if self.is_lm(model):
             rows, summary = self.lm_table(model, block, sort_by, search)
             return pd.DataFrame(rows, columns=LM_HEADERS), summary
-        rows, summary = self.feature_table(block, sort_by, search)
+        rows, summary = self._feature_table(block, sort_by, search)
         return pd.DataFrame(rows, columns=IMAGE_HEADERS), summary
 
-    @user_errors
-    def card(self, block: str, feature, model: str | None = None):
+    def _card(self, block: str, feature, model: str | None = None):
         """(the card's text, its top images, the LM card's HTML): the image model's or an LM's."""
         if self.is_lm(model):
             return self.lm_card(model, block, feature)
-        return (*self.feature_card(block, feature), "")
+        return (*self._feature_card(block, feature), "")
 
     @user_errors
     def select(self, block: str, evt: gr.SelectData, model: str | None = None):
         row = evt.row_value if hasattr(evt, "row_value") and evt.row_value else None
         feature = row[0] if row else evt.value
-        return (feature, *self.card(block, feature, model))
+        return (feature, *self._card(block, feature, model))
 
     @user_errors
     def block_changed(self, block: str, sort_by: str, search: str, model: str | None = None):
         """A new block chosen: its table, and the card of the other block cleared (its id means nothing here)."""
-        rows, summary = self.table(block, sort_by, search, model)
+        rows, summary = self._table(block, sort_by, search, model)
         return rows, summary, None, "", [], ""
+
+    # ----- the public handlers: each logs a user error once (they call only the undecorated bodies) -----
+    @user_errors
+    def table(self, block: str, sort_by: str, search: str, model: str | None = None):
+        """(the table as a DataFrame with its headers, a summary line): the image model's or an LM's."""
+        return self._table(block, sort_by, search, model)
+
+    @user_errors
+    def card(self, block: str, feature, model: str | None = None):
+        """(the card's text, its top images, the LM card's HTML): the image model's or an LM's."""
+        return self._card(block, feature, model)
+
+    @user_errors
+    def feature_table(self, block: str, sort_by: str, search: str):
+        return self._feature_table(block, sort_by, search)
+
+    @user_errors
+    def feature_card(self, block: str, feature):
+        return self._feature_card(block, feature)
 
     # ----- a language model's cards -------------------------------------------------------------------
     def lm_table(self, model: str, block: str, sort_by: str, search: str):
@@ -211,8 +228,7 @@ class FeaturesTab:
         html = f"<style>{CSS.replace('body{', '.lm-cards{')}</style><div class='lm-cards'>{card_html(card)}</div>"
         return f"### {block} feature {card['id']} ({model})", [], html
 
-    @user_errors
-    def feature_table(self, block: str, sort_by: str, search: str):
+    def _feature_table(self, block: str, sort_by: str, search: str):
         library = self.bench.require_library()
         cards = library.cards(block)
         if not cards:
@@ -224,8 +240,7 @@ class FeaturesTab:
                  round(c.get("mean_activation") or 0, 3)] for c in sorted(cards, key=SORT_KEYS[sort_by])]
         return rows, f"{len(rows)} feature(s) of {block}"
 
-    @user_errors
-    def feature_card(self, block: str, feature):
+    def _feature_card(self, block: str, feature):
         from saes.causal import STRENGTH
         from saes.library import heatmap_overlay, label_scores
 
@@ -261,7 +276,7 @@ class FeaturesTab:
     def select_row(self, block: str, evt: gr.SelectData):
         row = evt.row_value if hasattr(evt, "row_value") and evt.row_value else None
         feature = row[0] if row else evt.value
-        return (feature, *self.feature_card(block, feature))
+        return (feature, *self._feature_card(block, feature))
 
     @user_errors
     def open_feature(self, choice: str, sort_by: str, search: str):
@@ -269,13 +284,13 @@ class FeaturesTab:
         feature's block with its table, the id and the card."""
         block, feature = parse_feature_choice(choice)
         model = self.bench.model_name
-        rows, summary = self.table(block, sort_by, search, model)
+        rows, summary = self._table(block, sort_by, search, model)
         blocks = self.bench.library.blocks if self.bench.library is not None else []
         return (gr.Tabs(selected="features"), gr.update(value=model), gr.update(choices=blocks, value=block), rows,
-                summary, feature, *self.card(block, feature, model))
+                summary, feature, *self._card(block, feature, model))
 
     @user_errors
     def feature_block(self, block: str, sort_by: str, search: str):
         """A new block chosen: its table, and the card of the other block cleared (its id means nothing here)."""
-        rows, summary = self.feature_table(block, sort_by, search)
+        rows, summary = self._feature_table(block, sort_by, search)
         return rows, summary, None, "", []
