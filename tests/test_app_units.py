@@ -245,7 +245,9 @@ def test_every_event_that_can_fail_with_a_message_is_queued(demo):
     unqueued = [getattr(fn, "__name__", "") for _, _, fn, queued, _ in dependencies(ui)
                 if getattr(fn, "user_errors", False) and queued is False]
     assert not unqueued, f"errors of these would reach the browser without their message: {unqueued}"
-    assert {"feature_card", "feature_table", "select_row"} <= set(checked)
+    # the Features tab's handlers (table, card, select) and the LM steering tab's (feature_table, feature_card, ...)
+    assert {"table", "card", "select", "block_changed", "model_changed", "feature_card", "feature_table",
+            "select_row"} <= set(checked)
 
 
 @pytest.mark.parametrize("feature", [256, -1, 1e30, 2.5, float("nan"), "x"])
@@ -463,9 +465,9 @@ def test_changing_the_features_block_refreshes_its_table_and_clears_the_card(dem
                  if trigger is block and event == "input"]
     assert on_change and table._id in [o._id if hasattr(o, "_id") else o for o in on_change[0][1]]
     other = bench.library.blocks[0]
-    rows, summary, feature, card, gallery = FeaturesTab(bench).feature_block(other, "id", "")
-    assert summary.endswith(f"of {other}") and [r[0] for r in rows] == [c["id"] for c in bench.library.cards(other)]
-    assert feature is None and card == "" and gallery == []
+    rows, summary, feature, card, gallery, lm_card = FeaturesTab(bench).block_changed(other, "id", "")
+    assert summary.endswith(f"of {other}") and rows["id"].tolist() == [c["id"] for c in bench.library.cards(other)]
+    assert feature is None and card == "" and gallery == [] and lm_card == ""
 
 
 def test_explore_shows_labelled_features_on_part_of_the_image_first(bench):

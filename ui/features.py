@@ -273,12 +273,6 @@ class FeaturesTab:
         return text, gallery
 
     @user_errors
-    def select_row(self, block: str, evt: gr.SelectData):
-        row = evt.row_value if hasattr(evt, "row_value") and evt.row_value else None
-        feature = row[0] if row else evt.value
-        return (feature, *self._feature_card(block, feature))
-
-    @user_errors
     def open_feature(self, choice: str, sort_by: str, search: str):
         """A feature chosen elsewhere ("block #id (label)"): this tab selected (its id is "features"), the
         feature's block with its table, the id and the card."""
@@ -288,9 +282,3 @@ class FeaturesTab:
         blocks = self.bench.library.blocks if self.bench.library is not None else []
         return (gr.Tabs(selected="features"), gr.update(value=model), gr.update(choices=blocks, value=block), rows,
                 summary, feature, *self._card(block, feature, model))
-
-    @user_errors
-    def feature_block(self, block: str, sort_by: str, search: str):
-        """A new block chosen: its table, and the card of the other block cleared (its id means nothing here)."""
-        rows, summary = self._feature_table(block, sort_by, search)
-        return rows, summary, None, "", []
