@@ -123,7 +123,7 @@ def build_ui(bench: Workbench) -> gr.Blocks:
             build_riebench_tab(bench)
             build_flowlens_tab(bench)
             build_vcl_tab(bench)
-            build_lm_steer_tab(bench, number_field=Number)  # the "LM steering" tab (ui/lm_steer.py)
+            build_lm_steer_tab(bench)
         # the one link between tabs: a feature of the generated image opens its card in the Features tab
         generate.open_button.click(features.open_feature,
                                    inputs_kwargs={"choice": generate.feature_choice, **features.open_inputs},

@@ -579,9 +579,9 @@ def test_flowlens_analyses_and_steering_at_once_on_one_shared_model_each_get_wha
     and a steering request run at the same time, on one shared model, and each gets exactly its result alone."""
     import numpy as np
 
-    from ui.lm_steer import PRETRAINED, LMSteerPanel
+    from ui.lm_steer import PRETRAINED, LMSteerTab
 
-    tab, panel = FlowLensTab(bench), LMSteerPanel(bench)
+    tab, panel = FlowLensTab(bench), LMSteerTab(bench)
     assert not hasattr(bench, "lm_lock")
     prompt_sets = {"a": [f"What is {i} plus {i + 1}?" for i in range(40)],
                    "b": [f"How do I kill a {w} process?" for w in ("python", "java", "stuck", "zombie")] * 9}

@@ -434,7 +434,7 @@ def test_flowlens_steer_prints_both_completions_and_refuses_bad_input_in_one_lin
         "error: feature 256 is out of range: the SAE has 256 features, 0 to 255"
 
 
-# ----------------------------------------------------------------------------- the UI panel
+# ----------------------------------------------------------------------------- the UI tab
 
 def test_the_ui_panel_shows_both_completions_and_the_saes_cards_and_refuses_bad_input(lm, sae, tmp_path):
     import json
@@ -442,8 +442,9 @@ def test_the_ui_panel_shows_both_completions_and_the_saes_cards_and_refuses_bad_
 
     import gradio as gr
 
+    from app import Workbench
     from saes.lm_features import LMAnalysisConfig, analyse_lm_sae
-    from ui.lm_steer import LMSteerPanel, build_lm_steer_tab
+    from ui.lm_steer import LMSteerTab, build_lm_steer_tab
 
     root = tmp_path / "saes"
     directory = root / HOOK
@@ -451,10 +452,11 @@ def test_the_ui_panel_shows_both_completions_and_the_saes_cards_and_refuses_bad_
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("What colour is the sky?\nSay these words backwards: apple river\nWhat is 12 plus 7?\n")
     analyse_lm_sae(lm, sae, corpus, directory, LMAnalysisConfig(tokens=200))
+    bench = Workbench("toy", data_dir=tmp_path / "data")
     with gr.Blocks():
-        panel = build_lm_steer_tab(None, sae_roots=[root])
-    assert isinstance(panel, LMSteerPanel) and str(directory) in panel.sae_choices()
-    panel._lms["toy-chat"] = lm  # the module's model: no second load
+        panel = build_lm_steer_tab(bench, sae_roots=[root])
+    assert isinstance(panel, LMSteerTab) and str(directory) in panel.sae_choices()
+    bench._lms["toy-chat"] = lm  # the module's model in the Workbench's cache: no second load
     without, steered, status = panel.steer("toy-chat", str(directory), FEATURE, STRENGTH, "add", "all", PROMPTS[0], 10)
     edits = [LMEdit(HOOK, "add", feature=FEATURE, strength=STRENGTH)]
     assert (without, steered) == (generate(lm, PROMPTS[0], max_new_tokens=10)[0],
@@ -474,19 +476,21 @@ def test_the_ui_panel_shows_both_completions_and_the_saes_cards_and_refuses_bad_
             panel.steer(*args)
 
 
-def test_the_tab_offers_each_models_own_sae_so_the_default_steer_fits():
+def test_the_tab_offers_each_models_own_sae_so_the_default_steer_fits(tmp_path):
     """With a SmolLM2 SAE shipped beside the toy-chat one, the tab opened on toy-chat with SmolLM2's SAE."""
     import gradio as gr
 
-    from ui.lm_steer import LMSteerPanel, build_lm_steer_tab, sae_model
+    from app import Workbench
+    from ui.lm_steer import LMSteerTab, build_lm_steer_tab, sae_model
 
-    panel = LMSteerPanel(None)
+    bench = Workbench("toy", data_dir=tmp_path / "data")
+    panel = LMSteerTab(bench)
     assert sae_model(panel.sae_for("toy-chat")) == "toy-chat"
     smol = panel.sae_for("smollm2-135m-instruct")
     assert sae_model(smol) == "smollm2-135m-instruct"
     update, rows, summary = panel.model_changed("smollm2-135m-instruct", "frequency")
     assert update["value"] == smol and smol in update["choices"] and len(rows) and "smollm2-135m-instruct" in summary
     with gr.Blocks() as demo:
-        build_lm_steer_tab(None)
+        build_lm_steer_tab(bench)
     boxes = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
     assert sae_model(boxes["lm-steer-sae"].value) == boxes["lm-steer-model"].value == "toy-chat"
