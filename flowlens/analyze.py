@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from interp.atomic import atomic_write_text
+
 from .diversity import DataError, PROMPT_FIELDS, read_jsonl
 from .geometry import concentration_by_layer, layer_projections, pc1_stability, structural_alignment
 from .refusals import MODEL_HELP, add_chat_template_argument
@@ -169,7 +171,7 @@ def analyze_command(args) -> int:
               **analyse(residuals, reference, stripped, k)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "analysis.json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "analysis.json", json.dumps(result, indent=2) + "\n")
     plot(result, out, f"{args.model} ({len(prompts)} prompts)")
     concentration = result["concentration"]
     print(f"{result['n_layers']} layers, width {result['width']}, {result['n_prompts']} prompts; "

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from interp.atomic import atomic_write_text
 from interp.cli import at_least
 
 PROMPT_FIELDS = ("prompt", "query", "instruction")
@@ -191,7 +192,7 @@ def diversity_command(args) -> int:
     out = Path(args.out) if args.out else Path(args.data).with_suffix(f".diversity-{args.field}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"data": str(args.data), **report.to_json()}
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    atomic_write_text(out, json.dumps(payload, indent=2) + "\n")
     print(format_table(report))
     print(f"wrote {out}")
     return 0

@@ -40,6 +40,14 @@ def _config_id(result: dict) -> tuple:
     return (result["label"], config.k_trans, config.multiplier, config.method_name, config.block)
 
 
+def _is_reference(method_name: str) -> bool:
+    """A method that edits no block (the prompt swap): the reference the others are measured against, kept
+    whatever its preservation and drawn apart in the plots (`Method.edits_blocks`)."""
+    from .methods import METHODS
+
+    return not METHODS[method_name].edits_blocks if method_name in METHODS else False
+
+
 def category_table(results: list[dict]) -> list[dict]:
     """One row per (configuration, category) and per configuration over all categories."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
@@ -50,7 +58,7 @@ def category_table(results: list[dict]) -> list[dict]:
     for (label, k, m, name, block, category), rs in sorted(
             groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][5] == "all", kv[0][5])):
         row = {"method": label, "k_trans": k, "m": m, "category": category, "n": len(rs), "method_name": name,
-               "block": block}
+               "block": block, "reference": _is_reference(name)}
         for metric in sorted({key for r in rs for key in r["metrics"]}):
             values = [r["metrics"][metric] for r in rs if metric in r["metrics"]]
             row[metric] = float(np.mean(values)) if values else None
@@ -65,7 +73,7 @@ def headline_table(rows: list[dict], min_preservation: float) -> list[dict]:
         if "success" not in row or row.get("preservation") is None:
             continue
         method = row["method"]
-        if method != "prompt-swap" and row["preservation"] < min_preservation:
+        if not row.get("reference") and row["preservation"] < min_preservation:
             continue
         key = (row["category"], method)
         if key not in best or row["success"] > best[key]["success"]:
@@ -86,7 +94,7 @@ def best_matrix(headline: list[dict], per_block: bool) -> list[dict]:
             continue
         if row["success"] == 0:
             text = "0"
-        elif method == "prompt-swap":
+        elif row.get("reference"):
             text = f"{row['success']:.2f}"
         else:
             text = f"{row['success']:.2f} (k {row['k_trans']}, m {row['m']:g})"
@@ -144,7 +152,8 @@ def tradeoff_curves(rows: list[dict]) -> dict[str, list[dict]]:
     curves: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
         if row["category"] == "all" and row.get("success") is not None and row.get("preservation") is not None:
-            curves[row["method"]].append({k: row[k] for k in ("k_trans", "m", "success", "preservation", "block")})
+            curves[row["method"]].append({k: row.get(k) for k in ("k_trans", "m", "success", "preservation", "block",
+                                                                "reference")})
     for points in curves.values():
         points.sort(key=lambda p: (-p["preservation"], p["success"]))
     return dict(curves)
@@ -175,10 +184,10 @@ def tradeoff_figure(curves: dict[str, list[dict]]):
         colour = qualitative.Plotly[i % len(qualitative.Plotly)]
         text = [f"k_trans={p['k_trans']} m={p['m']:g}" for p in points]
         fig.add_trace(go.Scatter(x=[p["preservation"] for p in points], y=[p["success"] for p in points],
-                                 mode="markers", marker={"size": 14 if method == "prompt-swap" else 8, "color": colour},
+                                 mode="markers", marker={"size": 14 if points[0].get("reference") else 8, "color": colour},
                                  name=method, legendgroup=method, text=text,
                                  hovertemplate="%{text}<br>preservation %{x:.3f}<br>success %{y:.3f}"))
-        if method != "prompt-swap":
+        if not points[0].get("reference"):
             front = pareto_front(points)
             fig.add_trace(go.Scatter(x=[p["preservation"] for p in front], y=[p["success"] for p in front],
                                      mode="lines", legendgroup=method, showlegend=False, hoverinfo="skip",
@@ -206,7 +215,7 @@ def tradeoff_matplotlib(curves: dict[str, list[dict]]):
     fig, ax = plt.subplots(figsize=(7, 5.5))
     for method, points in sorted(shown.items()):
         xs, ys = [p["preservation"] for p in points], [p["success"] for p in points]
-        if method == "prompt-swap":
+        if points[0].get("reference"):
             ax.scatter(xs, ys, marker="*", s=160, color="black", label=method, zorder=3)
         else:  # every configuration as a point, the Pareto front as the curve
             front = pareto_front(points)

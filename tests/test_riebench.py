@@ -359,7 +359,8 @@ def test_headline_matrices_compare_methods_and_single_blocks_at_equal_preservati
     def row(method, category, success, preservation, k=2, m=1.0):  # as category_table writes it
         name, _, one_block = method.partition("@")
         return {"method": method, "k_trans": k, "m": m, "category": category, "success": success,
-                "preservation": preservation, "method_name": name, "block": one_block or None}
+                "preservation": preservation, "method_name": name, "block": one_block or None,
+                "reference": name == "prompt-swap"}
 
     block = "up_blocks.1.attentions.2"
     rows = [row("sae", "change colour", 0.9, 0.5),           # better, but below the preservation threshold

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..atomic import atomic_write_text
 from .shapes import ATTRIBUTES
 
 COLUMNS = ("shape", "colour", "background", "position", "size", "texture", "no_extra_objects", "all")
@@ -34,7 +35,8 @@ def evaluate_command(args) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "t2i_eval.json").write_text(json.dumps({"model": args.model, "seed": args.seed, "steps": 1,
-                                                        "attributes": list(ATTRIBUTES), "results": results}, indent=2))
-        (out / "t2i_eval.md").write_text(table + "\n")
+        atomic_write_text(out / "t2i_eval.json", json.dumps({"model": args.model, "seed": args.seed, "steps": 1,
+                                                              "attributes": list(ATTRIBUTES), "results": results},
+                                                             indent=2, allow_nan=False))
+        atomic_write_text(out / "t2i_eval.md", table + "\n")
     return 0
