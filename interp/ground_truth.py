@@ -13,6 +13,17 @@ None and a message saying there is no ground truth, instead of running a world's
     scenes = truth.scenes(prompts)       # one scene per prompt (None for a prompt outside the world)
     reading = truth.probe().read(image)  # what an image shows (`reading.at(cell)`, `reading.background`)
 
+and its layout, where a scene's objects lie in an image (the feature labels and block probes score a block's
+positions against it, the causal label scores paint into it):
+
+    truth.cells                          # the named cells an object can occupy, in the world's order
+    truth.cell_box(cell, size)           # a cell's pixel box (x0, y0, x1, y1) at size x size (an image, a block)
+    truth.object_mask(obj, size)         # how much of each pixel an object covers; foreground_mask(scene, size)
+    truth.held_out_scene(rng)            # a scene of the held-out split; truth.caption(scene): its caption
+
+A scene has `.objects` and `.background` (its value of the attribute "background"); an object has its value of
+each object attribute as an attribute of the same name (`obj.colour`), and its cell as `obj.position`.
+
 A new world implements `GroundTruth` and is added to `WORLDS`; a model made in it names it (`KnownModel.world`,
 `T2IModel.world`).
 """
@@ -20,7 +31,10 @@ A new world implements `GroundTruth` and is added to `WORLDS`; a model made in i
 from __future__ import annotations
 
 import os
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @runtime_checkable
@@ -45,6 +59,26 @@ class GroundTruth(Protocol):
     def probe(self):
         """The reader of images: ``.read(image)`` -> the scene it shows, ``.score(image, scene)`` -> per attribute
         correctness."""
+
+    # The layout: where a scene's objects lie in its images. A scene has `.objects` and `.background`; an object
+    # has its value of every object attribute as an attribute (`obj.colour`), its cell as `obj.position`.
+
+    cells: tuple[str, ...]  # the named cells an object can occupy (the values of "position"), in the world's order
+
+    def cell_box(self, cell: str, size: int) -> tuple[int, int, int, int]:
+        """The pixel box (x0, y0, x1, y1), end-exclusive, of a cell in a size x size grid (an image, a block)."""
+
+    def object_mask(self, obj, size: int) -> np.ndarray:
+        """(size, size) float in [0, 1]: how much of each pixel the object covers."""
+
+    def foreground_mask(self, scene, size: int) -> np.ndarray:
+        """(size, size) bool: the pixels any of the scene's objects covers."""
+
+    def held_out_scene(self, rng: np.random.Generator):
+        """A random scene of the held-out split (combinations the world's models never trained on), from rng."""
+
+    def caption(self, scene) -> str:
+        """The canonical caption of a scene (``scene(caption(s)) == s``)."""
 
 
 def _shapes() -> GroundTruth:

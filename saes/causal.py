@@ -15,8 +15,9 @@ What "reads the labelled value" means per attribute: colour, shape, size, textur
 in the target object's cell has the value; position=P: the probe finds an object in cell P (empty in the
 scene); background=B: the edit covers everything outside the objects and the probe reads background B.
 
-Scenes are drawn from the world's held-out split (combinations the model never trained on) by a generator
-seeded with `seed` and the label, so a label's scenes are the same for every feature and block, and a feature's
+Scenes are drawn from the world's held-out split (combinations the model never trained on; the model's
+`GroundTruth` draws them, captions them and gives their objects' masks) by a generator seeded with `seed` and
+the label, so a label's scenes are the same for every feature and block, and a feature's
 score is reproducible. `python -m saes causal` stores the scores in the cards (features.json);
 `FeatureLibrary.search` ranks by them.
 """
@@ -49,49 +50,51 @@ class Trial:
 
     prompt: str
     seed: int
-    scene: object           # interp.zoo.shapes.Scene
-    target: object | None   # the edited ShapeObject; None for a background label
-    region: np.ndarray      # (64, 64) bool
+    scene: object           # a scene of the world (interp.zoo.shapes.Scene)
+    target: object | None   # the edited object (a ShapeObject); None for a background label
+    region: np.ndarray      # (image_size, image_size) bool
 
 
-def label_trials(label: str, n: int = N_SCENES, seed: int = SEED) -> list[Trial]:
-    """The n held-out scenes a label ("attribute=value") is tested on, each with the object (or background)
-    the edit covers, chosen so that the scene does not already show the value there."""
-    from interp.zoo import shapes
-
+def label_trials(label: str, n: int = N_SCENES, seed: int = SEED, *, truth) -> list[Trial]:
+    """The n held-out scenes of the world `truth` (a `GroundTruth`: its held-out scenes, captions and masks) a
+    label ("attribute=value") is tested on, each with the object (or background) the edit covers, chosen so
+    that the scene does not already show the value there."""
     attribute, _, value = label.partition("=")
-    if attribute not in shapes.ATTRIBUTES + ("background",) or not value:
-        raise CausalError(f"a causal label score needs a shapes-world label like colour=red, not {label!r}")
+    if attribute not in {a for a, _ in truth.attribute_values()} or not value:
+        raise CausalError(f"a causal label score needs a label of the {truth.name} world like colour=red, "
+                          f"not {label!r}")
+    size = truth.image_size
     rng = np.random.default_rng([seed, zlib.crc32(label.encode())])
     trials = []
     for _ in range(200 * n):
         if len(trials) == n:
             break
-        scene = shapes.sample_split(rng, "held_out")
+        scene = truth.held_out_scene(rng)
         if attribute == "background":
-            if scene.background == value or any(o.colour == value for o in scene.objects):
+            if scene.background == value or any(getattr(o, "colour", None) == value for o in scene.objects):
                 continue  # the edit could not show a background the objects would vanish into
-            target, region = None, ~shapes.foreground_mask(scene)
+            target, region = None, ~truth.foreground_mask(scene, size)
         elif attribute == "position":
             if any(o.position == value for o in scene.objects):
                 continue  # the cell the label names is empty before the edit
             target = scene.objects[0]
-            region = shapes.object_mask(target) > 0
+            region = truth.object_mask(target, size) > 0
         else:
             if attribute == "colour" and scene.background == value:
                 continue  # an object of the background's colour cannot be drawn
             target = next((o for o in scene.objects if getattr(o, attribute) != value), None)
             if target is None:
                 continue
-            region = shapes.object_mask(target) > 0
-        trials.append(Trial(shapes.caption(scene), 1000 + len(trials), scene, target, region))
+            region = truth.object_mask(target, size) > 0
+        trials.append(Trial(truth.caption(scene), 1000 + len(trials), scene, target, region))
     if len(trials) < n:
         raise CausalError(f"found only {len(trials)} held-out scenes for {label}")
     return trials
 
 
 def reads_label(reading, label: str, trial: Trial) -> bool:
-    """Whether a probe reading (`shapes.ProbeReading`) shows the label where the trial's edit acted."""
+    """Whether a probe reading (the world's probe's, e.g. `shapes.ProbeReading`) shows the label where the trial's
+    edit acted."""
     attribute, _, value = label.partition("=")
     if attribute == "background":
         return reading.background == value
@@ -122,7 +125,7 @@ def causal_label_scores(library, model, block: str, features: list[int], n_scene
         label = library.card(block, feature).get("label")
         if not label:
             raise CausalError(f"{block} feature {feature} has no label to test")
-        trials = label_trials(label, n_scenes, seed)
+        trials = label_trials(label, n_scenes, seed, truth=truth)
         key = (label, n_scenes, seed)
         if key not in originals:  # one batch: no edit, so every scene can be generated at once
             images = model.generate([t.prompt for t in trials], seed=[t.seed for t in trials])

@@ -1,5 +1,5 @@
-"""Feature analysis: what each SAE feature fires on, how strongly, where, and (on the shapes
-world) which attribute value it stands for.
+"""Feature analysis: what each SAE feature fires on, how strongly, where, and (on a world with
+ground truth, the shapes world) which attribute value it stands for.
 
 For each feature of a block's SAE, over a pool of analysed images:
 
@@ -7,11 +7,14 @@ For each feature of a block's SAE, over a pool of analysed images:
     mean_activation  mean latent where it fires: the natural unit of edit strength
     top_images       the images with the largest activation (max over positions), each with
                      its heatmap (height, width) at the block's resolution
-    label            on the shapes world, the attribute value the feature's activation
+    label            on a world with ground truth, the attribute value the feature's activation
                      predicts best, by AUROC: per occupied grid cell for object attributes,
                      per block position for the background (see `attribute_aurocs`)
     firing_by_value  per value of that attribute, the share of its objects the feature fires
                      on (a colour feature that also fires on every orange object says so)
+
+The world's layout (its grid cells, their boxes, the objects' masks) comes from its
+`interp.ground_truth.GroundTruth` (`truth=`; for a pool, the world its prompts are captions of).
 
 Written as `features.json` beside the SAE (the web UI and `saes.library` read it), the
 image pool as `analysis_images.npz` + `analysis_prompts.json` in the parent directory (one
@@ -76,113 +79,122 @@ class AnalysisConfig:
 
 # ----------------------------------------------------------------------------- targets
 
-def _cell_rows_cols(position: str, height: int, width: int) -> tuple[slice, slice]:
-    """The block positions (rows, columns) inside a grid cell: `cell_box` at the block's size."""
-    from interp.zoo.shapes import cell_box
-
-    _, y0, _, y1 = cell_box(position, height)
-    x0, _, x1, _ = cell_box(position, width)
+def _cell_rows_cols(cell: str, height: int, width: int, truth) -> tuple[slice, slice]:
+    """The block positions (rows, columns) inside a grid cell: the world's `cell_box` at the block's size."""
+    _, y0, _, y1 = truth.cell_box(cell, height)
+    x0, _, x1, _ = truth.cell_box(cell, width)
     return slice(y0, y1), slice(x0, x1)
 
 
-def _object_coverage(scene, height: int, width: int) -> np.ndarray:
+def _object_coverage(scene, height: int, width: int, truth) -> np.ndarray:
     """(height, width): share of each block position's pixels covered by the scene's objects."""
-    from interp.zoo.shapes import IMAGE_SIZE, foreground_mask
-
-    mask = foreground_mask(scene, IMAGE_SIZE).astype(np.float32)
+    mask = truth.foreground_mask(scene, truth.image_size).astype(np.float32)
     pooled = torch.nn.functional.adaptive_avg_pool2d(torch.from_numpy(mask)[None, None], (height, width))
     return pooled[0, 0].numpy()
 
 
+def _truth_or_shapes(truth):
+    """`truth`, or the shapes world where a caller passes scenes without their world (saes/report.py's
+    `block_geometry`)."""
+    if truth is not None:
+        return truth
+    from interp.ground_truth import world
+
+    return world("shapes")
+
+
+# The shapes world's object attributes (`GroundTruth.attribute_values` less the background): what the report
+# asks `direction_ceiling` about.
 OBJECT_ATTRIBUTES = ("shape", "colour", "size", "texture", "position")
 
 
-def attribute_names() -> list[tuple[str, str]]:
-    """Every (attribute, value) of the shapes world: object attributes, then the background."""
-    from interp.ground_truth import world
-
-    return world("shapes").attribute_values()
+def _object_names(truth) -> list[tuple[str, str]]:
+    """Every (attribute, value) an object of the world can have (its attribute values less the background)."""
+    return [n for n in truth.attribute_values() if n[0] != "background"]
 
 
-def cell_targets(scenes: list) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
+def cell_targets(scenes: list, *, truth) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
     """Object attributes per occupied grid cell.
 
-    scenes: one `Scene` per image (None: the image takes no part). Returns (names, targets,
-    occupied): occupied (n_images * 9,) bool marks the cells holding an object, cells ordered
-    (image, `shapes.POSITIONS`); targets (T, occupied.sum()) bool: the object in that cell has
-    names[t] = (attribute, value). Only occupied cells take part, so that a feature firing on
-    every object ("something is here") does not pass for a colour or shape detector.
+    scenes: one scene of the world `truth` (a `GroundTruth`) per image (None: the image takes no
+    part). Returns (names, targets, occupied): occupied (n_images * len(truth.cells),) bool marks
+    the cells holding an object, cells ordered (image, `truth.cells`); targets (T, occupied.sum())
+    bool: the object in that cell has names[t] = (attribute, value). Only occupied cells take part,
+    so that a feature firing on every object ("something is here") does not pass for a colour or
+    shape detector.
     """
-    from interp.zoo.shapes import POSITIONS
-
-    names = [n for n in attribute_names() if n[0] in OBJECT_ATTRIBUTES]
+    cells = list(truth.cells)
+    names = _object_names(truth)
+    attributes = list(dict.fromkeys(a for a, _ in names))
     index = {name: t for t, name in enumerate(names)}
-    targets = np.zeros((len(names), len(scenes), len(POSITIONS)), dtype=bool)
-    occupied = np.zeros((len(scenes), len(POSITIONS)), dtype=bool)
+    targets = np.zeros((len(names), len(scenes), len(cells)), dtype=bool)
+    occupied = np.zeros((len(scenes), len(cells)), dtype=bool)
     for i, scene in enumerate(scenes):
         for obj in (scene.objects if scene is not None else ()):
-            cell = POSITIONS.index(obj.position)
+            cell = cells.index(obj.position)
             occupied[i, cell] = True
-            for attribute in OBJECT_ATTRIBUTES:
+            for attribute in attributes:
                 targets[index[(attribute, getattr(obj, attribute))], i, cell] = True
     occupied = occupied.reshape(-1)
     return names, targets.reshape(len(names), -1)[:, occupied], occupied
 
 
-def background_targets(scenes: list, height: int, width: int,
-                       max_coverage: float = 0.05) -> tuple[list[tuple[str, str]], np.ndarray]:
+def background_targets(scenes: list, height: int, width: int, max_coverage: float = 0.05, *,
+                       truth) -> tuple[list[tuple[str, str]], np.ndarray]:
     """The background per block position: targets (T, n_images * height * width) bool, positions
     ordered (image, row, column); positive when the position lies outside every object
-    (object coverage below `max_coverage`) of an image with that background."""
-    names = [n for n in attribute_names() if n[0] == "background"]
+    (object coverage below `max_coverage`, the world's `foreground_mask`) of an image with that
+    background."""
+    names = [n for n in truth.attribute_values() if n[0] == "background"]
     index = {name: t for t, name in enumerate(names)}
     targets = np.zeros((len(names), len(scenes), height, width), dtype=bool)
     for i, scene in enumerate(scenes):
         if scene is not None:
-            targets[index[("background", scene.background)], i] = _object_coverage(scene, height, width) < max_coverage
+            coverage = _object_coverage(scene, height, width, truth)
+            targets[index[("background", scene.background)], i] = coverage < max_coverage
     return names, targets.reshape(len(names), -1)
 
 
-def _per_cell(values: torch.Tensor, reduce: str) -> torch.Tensor:
-    """values (images, height, width, features) -> (images * 9, features): each grid cell's `reduce`
-    ("amax" or "mean") over its block positions (`cell_box` at the block's size)."""
-    from interp.zoo.shapes import POSITIONS
-
+def _per_cell(values: torch.Tensor, reduce: str, truth) -> torch.Tensor:
+    """values (images, height, width, features) -> (images * cells, features): each grid cell's `reduce`
+    ("amax" or "mean") over its block positions (the world's `cell_box` at the block's size)."""
     n, h, w, f = values.shape
     cells = []
-    for position in POSITIONS:
-        rows, cols = _cell_rows_cols(position, h, w)
+    for cell in truth.cells:
+        rows, cols = _cell_rows_cols(cell, h, w, truth)
         cells.append(getattr(values[:, rows, cols], reduce)(dim=(1, 2)))  # (images, features)
-    return torch.stack(cells, dim=1).reshape(n * len(POSITIONS), f)
+    return torch.stack(cells, dim=1).reshape(n * len(truth.cells), f)
 
 
-def cell_maxima(latents: torch.Tensor) -> torch.Tensor:
-    """latents (images, height, width, features) -> (images * 9, features): each cell's largest activation."""
-    return _per_cell(latents, "amax")
+def cell_maxima(latents: torch.Tensor, *, truth) -> torch.Tensor:
+    """latents (images, height, width, features) -> (images * cells, features): each cell's largest activation."""
+    return _per_cell(latents, "amax", truth)
 
 
-def cell_means(updates: torch.Tensor) -> torch.Tensor:
-    """updates (images, channels, height, width) -> (images * 9, channels): each grid cell's mean update."""
-    return _per_cell(updates.permute(0, 2, 3, 1).float(), "mean")
+def cell_means(updates: torch.Tensor, *, truth) -> torch.Tensor:
+    """updates (images, channels, height, width) -> (images * cells, channels): each grid cell's mean update."""
+    return _per_cell(updates.permute(0, 2, 3, 1).float(), "mean", truth)
 
 
 PROBED_ATTRIBUTES = ("colour", "shape", "size", "texture", "position")
 
 
 def cell_probe_accuracy(updates: torch.Tensor, scenes: list, attributes=PROBED_ATTRIBUTES,
-                        seed: int = 0) -> dict[str, dict]:
+                        seed: int = 0, *, truth=None) -> dict[str, dict]:
     """How well a block's update codes each object attribute, independently of any SAE: a multinomial
     logistic regression from an occupied grid cell's mean update (standardised) to the attribute of its
     object, fitted on half of the cells and scored on the other half (image-disjoint halves).
+    truth: the scenes' world (`GroundTruth`; None: the shapes world).
 
     Returns {attribute: {"accuracy", "chance" (the majority value's share), "n_test"}}."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    names, targets, occupied = cell_targets(scenes)
-    features = cell_means(updates).numpy()[occupied]
-    image_of_cell = np.repeat(np.arange(len(scenes)), 9)[occupied]
+    truth = _truth_or_shapes(truth)
+    names, targets, occupied = cell_targets(scenes, truth=truth)
+    features = cell_means(updates, truth=truth).numpy()[occupied]
+    image_of_cell = np.repeat(np.arange(len(scenes)), len(truth.cells))[occupied]
     order = np.random.default_rng(seed).permutation(len(scenes))
     train_images = set(order[: len(scenes) // 2].tolist())
     train = np.array([i in train_images for i in image_of_cell])
@@ -217,17 +229,16 @@ def value_mean_dims(features: np.ndarray, targets: np.ndarray) -> float:
     return float(squares.sum() ** 2 / (squares ** 2).sum()) if squares.sum() > 0 else 0.0
 
 
-def object_vectors(updates: torch.Tensor, scenes: list, min_coverage: float = 0.6) -> tuple[np.ndarray, list]:
-    """Each object's mean update over the block positions it covers at least `min_coverage` (its interior):
-    (vectors (objects, channels), objects), objects in scene order; an object too small to cover any
-    position fully enough is left out."""
-    from interp.zoo.shapes import IMAGE_SIZE, object_mask
-
+def object_vectors(updates: torch.Tensor, scenes: list, min_coverage: float = 0.6, *,
+                   truth) -> tuple[np.ndarray, list]:
+    """Each object's mean update over the block positions it covers at least `min_coverage` (its interior,
+    the world's `object_mask`): (vectors (objects, channels), objects), objects in scene order; an object too
+    small to cover any position fully enough is left out."""
     n, c, h, w = updates.shape
     vectors, objects = [], []
     for i, scene in enumerate(scenes):
         for obj in (scene.objects if scene is not None else ()):
-            mask = torch.from_numpy(object_mask(obj, IMAGE_SIZE).astype(np.float32))[None, None]
+            mask = torch.from_numpy(truth.object_mask(obj, truth.image_size).astype(np.float32))[None, None]
             inside = torch.nn.functional.adaptive_avg_pool2d(mask, (h, w))[0, 0] >= min_coverage
             if inside.any():
                 vectors.append(updates[i][:, inside].float().mean(1).numpy())
@@ -236,13 +247,14 @@ def object_vectors(updates: torch.Tensor, scenes: list, min_coverage: float = 0.
 
 
 def mixture_distances(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"),
-                      min_coverage: float = 0.6) -> dict[str, float]:
+                      min_coverage: float = 0.6, *, truth=None) -> dict[str, float]:
     """`value_mixture_distances` of each attribute over the objects' interior vectors (`object_vectors`):
-    {"attribute=value": distance}."""
-    vectors, objects = object_vectors(updates, scenes, min_coverage)
+    {"attribute=value": distance}. truth: the scenes' world (`GroundTruth`; None: the shapes world)."""
+    truth = _truth_or_shapes(truth)
+    vectors, objects = object_vectors(updates, scenes, min_coverage, truth=truth)
     results = {}
     for attribute in attributes:
-        values = list(dict.fromkeys(n[1] for n in attribute_names() if n[0] == attribute))
+        values = list(dict.fromkeys(n[1] for n in truth.attribute_values() if n[0] == attribute))
         targets = np.array([[getattr(o, attribute) == v for o in objects] for v in values]).reshape(len(values), -1)
         for value, d in zip(values, value_mixture_distances(vectors, targets)):
             if np.isfinite(d):
@@ -278,7 +290,7 @@ def value_mixture_distances(features: np.ndarray, targets: np.ndarray) -> np.nda
 
 def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"), seed: int = 0,
                       background_max_coverage: float = 0.05, min_coverage: float = 0.3,
-                      max_positions: int = 50_000) -> dict[str, float]:
+                      max_positions: int = 50_000, *, truth=None) -> dict[str, float]:
     """The best AUROC one linear feature of this block can reach for each attribute value, scored
     exactly as the feature labels are (largest activation in each occupied grid cell, see
     `attribute_aurocs`): a one-vs-rest logistic regression (standardised) fitted on the block
@@ -286,14 +298,14 @@ def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour",
     its value, background positions are negatives; at most `max_positions` of them, drawn at random,
     which bounds the cost on SDXL-size blocks), scored on the other half. An SAE feature is
     one direction read through a ReLU, so this is the ceiling of its label; a gap says the SAE did
-    not learn the direction, not that the block lacks it.
+    not learn the direction, not that the block lacks it. truth: the scenes' world (`GroundTruth`;
+    None: the shapes world).
 
     Returns {"attribute=value": held-out AUROC}."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    from interp.zoo.shapes import IMAGE_SIZE, object_mask
-
+    truth = _truth_or_shapes(truth)
     n, c, h, w = updates.shape
     positions = updates.permute(0, 2, 3, 1).float()                      # (N, h, w, C)
     order = np.random.default_rng(seed).permutation(n)
@@ -301,7 +313,7 @@ def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour",
     train_images[order[: n // 2]] = True
     if train_images.all() or not train_images.any():
         raise ValueError("the direction ceiling needs at least two images")
-    names, targets, occupied = cell_targets(scenes)
+    names, targets, occupied = cell_targets(scenes, truth=truth)
     vectors, values = [], {attribute: [] for attribute in attributes}
     for i in np.flatnonzero(train_images):
         scene = scenes[i]
@@ -310,11 +322,11 @@ def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour",
         owner = np.full((h, w), -1)
         best = np.zeros((h, w), np.float32)
         for j, obj in enumerate(scene.objects):
-            mask = torch.from_numpy(object_mask(obj, IMAGE_SIZE).astype(np.float32))[None, None]
+            mask = torch.from_numpy(truth.object_mask(obj, truth.image_size).astype(np.float32))[None, None]
             coverage = torch.nn.functional.adaptive_avg_pool2d(mask, (h, w))[0, 0].numpy()
             owner[coverage > best] = j
             best = np.maximum(best, coverage)
-        keep = (best >= min_coverage) | (_object_coverage(scene, h, w) < background_max_coverage)
+        keep = (best >= min_coverage) | (_object_coverage(scene, h, w, truth) < background_max_coverage)
         vectors.append(positions[i][torch.from_numpy(keep)].numpy())
         for attribute in attributes:
             labels = [getattr(scene.objects[o], attribute) if b >= min_coverage else None
@@ -326,7 +338,7 @@ def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour",
         chosen = np.sort(np.random.default_rng(seed).choice(len(X), max_positions, replace=False))
         X, values = X[chosen], {attribute: labels[chosen] for attribute, labels in values.items()}
     scaler = StandardScaler().fit(X)
-    test_cells = np.repeat(~train_images, 9)[occupied]
+    test_cells = np.repeat(~train_images, len(truth.cells))[occupied]
     results = {}
     for t, (attribute, value) in enumerate(names):
         if attribute not in attributes:
@@ -337,14 +349,14 @@ def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour",
             continue
         probe = LogisticRegression(max_iter=2000).fit(scaler.transform(X), y)
         direction = torch.from_numpy((probe.coef_[0] / scaler.scale_).astype(np.float32))
-        scores = _per_cell((positions @ direction)[..., None], "amax").numpy()[occupied][test_cells]
+        scores = _per_cell((positions @ direction)[..., None], "amax", truth).numpy()[occupied][test_cells]
         results[f"{attribute}={value}"] = float(auroc_matrix(scores, target[None])[0, 0])
     return results
 
 
-def attribute_aurocs(latents: torch.Tensor, scenes: list,
-                     background_max_coverage: float = 0.05) -> tuple[list[tuple[str, str]], np.ndarray, list]:
-    """AUROC of every feature for every attribute value of the shapes world.
+def attribute_aurocs(latents: torch.Tensor, scenes: list, background_max_coverage: float = 0.05, *,
+                     truth) -> tuple[list[tuple[str, str]], np.ndarray, list]:
+    """AUROC of every feature for every attribute value of the scenes' world `truth` (a `GroundTruth`).
 
     Object attributes are judged per occupied grid cell (the feature's largest activation in
     the cell against "the object in this cell has that value"), so a feature that fires on
@@ -353,9 +365,9 @@ def attribute_aurocs(latents: torch.Tensor, scenes: list,
     Returns (names, auroc (T, features), scorer) where scorer[t] = (scores (units, F), target (units,)).
     """
     n, h, w, f = latents.shape
-    object_names, object_targets, occupied = cell_targets(scenes)
-    back_names, back_targets = background_targets(scenes, h, w, background_max_coverage)
-    cell_scores = cell_maxima(latents).numpy()[occupied]
+    object_names, object_targets, occupied = cell_targets(scenes, truth=truth)
+    back_names, back_targets = background_targets(scenes, h, w, background_max_coverage, truth=truth)
+    cell_scores = cell_maxima(latents, truth=truth).numpy()[occupied]
     position_scores = latents.reshape(-1, f).numpy()
     auroc = np.concatenate([auroc_matrix(cell_scores, object_targets), auroc_matrix(position_scores, back_targets)])
     scorer = [(cell_scores, t) for t in object_targets] + [(position_scores, t) for t in back_targets]
@@ -398,12 +410,13 @@ def encode_positions(sae: SAE, updates: torch.Tensor, batch_size: int = 8192) ->
 
 
 def analyse_block(sae: SAE, updates: torch.Tensor, scenes: list | None = None,
-                  config: AnalysisConfig | None = None) -> tuple[list[dict], dict]:
+                  config: AnalysisConfig | None = None, *, truth=None) -> tuple[list[dict], dict]:
     """Feature cards of one block and the per-attribute-value summary.
 
     updates: (images, channels, height, width), one per image of the pool (the last
-    denoising step's update). scenes: the pool's `Scene`s (None entries for captions outside
-    the world), or None to skip labelling.
+    denoising step's update). scenes: the pool's scenes (None entries for captions outside
+    the world), or None to skip labelling; truth: their world (`GroundTruth`, `AnalysisPool.truth`),
+    needed when there are scenes.
     Returns (cards ordered by feature id, summary {"attribute=value": {...}}).
     """
     config = config or AnalysisConfig()
@@ -421,7 +434,9 @@ def analyse_block(sae: SAE, updates: torch.Tensor, scenes: list | None = None,
     auroc = names = None
     labelled = scenes is not None and any(s is not None for s in scenes)
     if labelled:
-        names, auroc, scorer = attribute_aurocs(latents, scenes, config.background_max_coverage)
+        if truth is None:
+            raise ValueError("labelling features needs the scenes' world (truth=, e.g. AnalysisPool.truth())")
+        names, auroc, scorer = attribute_aurocs(latents, scenes, config.background_max_coverage, truth=truth)
         usable = ~np.isnan(auroc).all(axis=1)
     cards = []
     for f in range(n_features):
@@ -484,13 +499,18 @@ class AnalysisPool:
     seeds: list[int]
     updates: dict[str, torch.Tensor]   # block -> (N, channels, height, width) float32
 
-    def scenes(self) -> list | None:
-        """The scene of each prompt in the world its prompts are captions of (`interp.ground_truth.ground_truth_of`;
-        None where a prompt is outside it); None when no prompt is of a world with ground truth (a real model's
-        prompts): the cards then get statistics and no labels."""
+    def truth(self):
+        """The world its prompts are captions of (`interp.ground_truth.ground_truth_of`), or None (a real
+        model's prompts)."""
         from interp.ground_truth import ground_truth_of
 
-        truth = ground_truth_of(self.prompts)
+        return ground_truth_of(self.prompts)
+
+    def scenes(self) -> list | None:
+        """The scene of each prompt in the world its prompts are captions of (`truth`; None where a prompt is
+        outside it); None when no prompt is of a world with ground truth (a real model's prompts): the cards
+        then get statistics and no labels."""
+        truth = self.truth()
         return truth.scenes(self.prompts) if truth is not None else None
 
 
@@ -704,10 +724,11 @@ def analyse(saes: dict[str, tuple[SAE, Path]], pool: AnalysisPool, model_name: s
                                 f"({', '.join(orphaned)}) pointing into a pool that is gone; analyse those blocks "
                                 f"in the same run, choose another --pool-dir, or pass --overwrite")
     out_dir.mkdir(parents=True, exist_ok=True)
-    scenes = pool.scenes()
+    truth = pool.truth()
+    scenes = truth.scenes(pool.prompts) if truth is not None else None
     results, summaries = {}, {}
     for block, (sae, sae_dir) in saes.items():
-        cards, summary = analyse_block(sae, pool.updates[block], scenes, config)
+        cards, summary = analyse_block(sae, pool.updates[block], scenes, config, truth=truth)
         _round_heatmaps(cards)
         write_features(sae_dir, block, model_name, len(pool.images), cards, fingerprint)
         results[block], summaries[block] = cards, summary

@@ -3,6 +3,7 @@ prompts outside every world get None, and the work that needs it says so instead
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from interp.ground_truth import (GroundTruth, GroundTruthError, ground_truth_for, ground_truth_of,
@@ -22,6 +23,13 @@ def test_the_shapes_world_is_a_ground_truth_of_its_own_captions():
     assert truth.probe().score(shapes.render(scene), scene)["all"] == 1.0
     assert truth.probe() is truth.probe()  # one probe (its templates are cached)
     assert ("colour", "red") in truth.attribute_values() and truth.attribute_values()[-1][0] == "background"
+    # its layout: the 3 x 3 grid, the objects' masks, held-out scenes and their captions
+    assert truth.cells == shapes.POSITIONS and truth.cell_box("right", 8) == shapes.cell_box("right", 8) == (5, 3, 8, 5)
+    assert (truth.object_mask(scene.objects[0], 16) == shapes.object_mask(scene.objects[0], 16)).all()
+    assert (truth.foreground_mask(scene, truth.image_size) == shapes.foreground_mask(scene)).all()
+    held_out = truth.held_out_scene(np.random.default_rng(1))
+    assert held_out == shapes.sample_split(np.random.default_rng(1), "held_out") and shapes.is_held_out(held_out)
+    assert truth.caption(held_out) == shapes.caption(held_out) and truth.scene(truth.caption(held_out)) == held_out
 
 
 def test_the_toy_model_has_the_shapes_worlds_ground_truth_and_a_real_model_none(toy_t2i):

@@ -17,6 +17,7 @@ from saes.library import FeatureLibrary, load_analysis_images
 from saes.sae import SAE, SAEConfig
 
 GRID = 8  # block positions per side, as on the toy model
+WORLD = shapes.WORLD  # the scenes' ground truth (their layout included)
 
 
 def _identity_sae(channels: int) -> SAE:
@@ -47,7 +48,7 @@ def _tracking_updates(scenes, noise_seed: int = 0) -> torch.Tensor:
     channel 2 the blue background outside objects, channel 3 is noise."""
     rng = np.random.default_rng(noise_seed)
     updates = np.zeros((len(scenes), 4, GRID, GRID), np.float32)
-    _, background = background_targets(scenes, GRID, GRID)
+    _, background = background_targets(scenes, GRID, GRID, truth=WORLD)
     blue = background[[n for n in shapes.BACKGROUNDS].index("blue")].reshape(len(scenes), GRID, GRID)
     for i, scene in enumerate(scenes):
         updates[i, 0] = _cells_of(scene, colour="red") * rng.uniform(1, 2, (GRID, GRID))
@@ -72,7 +73,7 @@ def test_auroc_matrix_equals_sklearn_with_ties():
 def test_targets_mark_the_cell_of_each_object_and_the_background_around_them():
     scene = shapes.Scene((shapes.ShapeObject("star", "red", "large", "striped", "top left"),
                           shapes.ShapeObject("circle", "green", "small", "solid", "bottom right")), "blue")
-    names, targets, occupied = cell_targets([scene])
+    names, targets, occupied = cell_targets([scene], truth=WORLD)
     assert occupied.tolist() == [True] + [False] * 7 + [True]  # top left and bottom right
     cells = {name: targets[t] for t, name in enumerate(names)}  # (occupied cells,) each
     for name in [("colour", "red"), ("shape", "star"), ("texture", "striped"), ("size", "large"),
@@ -80,7 +81,7 @@ def test_targets_mark_the_cell_of_each_object_and_the_background_around_them():
         assert cells[name].tolist() == [True, False], name
     assert cells[("colour", "green")].tolist() == [False, True]
     assert not cells[("colour", "blue")].any()  # no blue object: the blue background is its own attribute
-    back_names, back = background_targets([scene], GRID, GRID)
+    back_names, back = background_targets([scene], GRID, GRID, truth=WORLD)
     grid = {name: back[t].reshape(GRID, GRID) for t, name in enumerate(back_names)}
     assert grid[("background", "blue")][3:5, :].all()
     assert not grid[("background", "blue")][1, 1] and not grid[("background", "blue")][6, 6]
@@ -88,14 +89,47 @@ def test_targets_mark_the_cell_of_each_object_and_the_background_around_them():
     # A cell's score is the largest activation among its block positions (cell_box at 8 x 8: 0-2, 3-4, 5-7).
     latents = torch.zeros(1, GRID, GRID, 1)
     latents[0, 4, 6, 0] = 2.0
-    assert cell_maxima(latents)[:, 0].tolist() == [0, 0, 0, 0, 0, 2.0, 0, 0, 0]  # the "right" cell
+    assert cell_maxima(latents, truth=WORLD)[:, 0].tolist() == [0, 0, 0, 0, 0, 2.0, 0, 0, 0]  # the "right" cell
+
+
+class _HalvesWorld:
+    """A second world's layout: the shapes world's objects on two cells, the image's left and right halves."""
+
+    name, image_size, cells = "halves", shapes.IMAGE_SIZE, ("left", "right")
+
+    def attribute_values(self):
+        return [(a, v) for a, v in WORLD.attribute_values() if a != "position" or v in self.cells]
+
+    def cell_box(self, cell, size):
+        return (0, 0, size // 2, size) if cell == "left" else (size // 2, 0, size, size)
+
+    def object_mask(self, obj, size):
+        return WORLD.object_mask(obj, size)
+
+    def foreground_mask(self, scene, size):
+        return WORLD.foreground_mask(scene, size)
+
+
+def test_the_targets_take_the_grid_from_the_scenes_world():
+    scene = shapes.Scene((shapes.ShapeObject("star", "red", position="left"),
+                          shapes.ShapeObject("circle", "green", position="right")), "blue")
+    halves = _HalvesWorld()
+    names, targets, occupied = cell_targets([scene, None], truth=halves)
+    assert occupied.tolist() == [True, True, False, False]  # two cells per image
+    cells = {name: targets[t] for t, name in enumerate(names)}
+    assert cells[("colour", "red")].tolist() == [True, False] and cells[("position", "right")].tolist() == [False, True]
+    latents = torch.zeros(2, GRID, GRID, 1)
+    latents[0, 4, 6, 0] = 2.0
+    assert cell_maxima(latents, truth=halves)[:, 0].tolist() == [0, 2.0, 0, 0]  # the right half
+    back_names, back = background_targets([scene], GRID, GRID, truth=halves)
+    assert back[back_names.index(("background", "blue"))].reshape(GRID, GRID)[0].all()
 
 
 def test_a_feature_firing_on_every_object_is_not_taken_for_a_colour_or_shape():
     scenes = _scenes(120)
     rng = np.random.default_rng(3)
     objectness = torch.from_numpy(np.stack([_cells_of(s) * rng.uniform(1, 2, (GRID, GRID)) for s in scenes]))
-    cards, _ = analyse_block(_identity_sae(1), objectness[:, None].float(), scenes)
+    cards, _ = analyse_block(_identity_sae(1), objectness[:, None].float(), scenes, truth=WORLD)
     # Among occupied cells it predicts nothing (with empty cells counted it would score about
     # 0.87 for colour=red: "an object is here" would pass for "a red object is here").
     assert cards[0]["label"] is None and cards[0]["auroc"] < 0.7
@@ -103,7 +137,7 @@ def test_a_feature_firing_on_every_object_is_not_taken_for_a_colour_or_shape():
 
 def test_a_feature_that_tracks_an_attribute_gets_its_label():
     scenes = _scenes(120)
-    cards, summary = analyse_block(_identity_sae(4), _tracking_updates(scenes), scenes)
+    cards, summary = analyse_block(_identity_sae(4), _tracking_updates(scenes), scenes, truth=WORLD)
     assert (cards[0]["label"], cards[1]["label"], cards[2]["label"]) == ("colour=red", "shape=star", "background=blue")
     assert cards[0]["auroc"] == pytest.approx(1.0) and cards[1]["auroc"] == pytest.approx(1.0)
     assert cards[2]["auroc"] == pytest.approx(1.0)
@@ -129,7 +163,7 @@ def test_cell_probes_read_the_attribute_a_block_codes_and_not_one_it_lacks():
         for obj in scene.objects:
             cells = _cells_of(shapes.Scene((obj,), scene.background), colour=obj.colour)
             updates[i][:, cells] += colour_code[list(shapes.COLOURS).index(obj.colour)][:, None]
-    probes = cell_probe_accuracy(torch.from_numpy(updates), scenes)
+    probes = cell_probe_accuracy(torch.from_numpy(updates), scenes, truth=WORLD)
     assert probes["colour"]["accuracy"] > 0.9 > probes["colour"]["chance"] + 0.5
     assert probes["shape"]["accuracy"] < probes["shape"]["chance"] + 0.15
     assert probes["colour"]["n_test"] > 100
@@ -152,8 +186,8 @@ def test_value_dims_tell_a_hue_circle_from_one_direction_per_colour():
     angles = 2 * np.pi * np.arange(len(shapes.COLOURS)) / len(shapes.COLOURS)
     circle = np.zeros_like(own)
     circle[:, 0], circle[:, 1] = 3 * np.cos(angles), 3 * np.sin(angles)
-    dims_own = cell_probe_accuracy(_colour_coded_updates(scenes, own), scenes)["colour"]["dims"]
-    dims_circle = cell_probe_accuracy(_colour_coded_updates(scenes, circle), scenes)["colour"]["dims"]
+    dims_own = cell_probe_accuracy(_colour_coded_updates(scenes, own), scenes, truth=WORLD)["colour"]["dims"]
+    dims_circle = cell_probe_accuracy(_colour_coded_updates(scenes, circle), scenes, truth=WORLD)["colour"]["dims"]
     assert dims_circle == pytest.approx(2.0, abs=0.2)
     assert dims_own > 6.0  # at most 7 for 8 colours: a simplex
 
@@ -163,7 +197,7 @@ def test_mixture_distance_finds_a_colour_coded_halfway_between_two_others():
     code = 3 * np.random.default_rng(2).normal(size=(len(shapes.COLOURS), 8)).astype(np.float32)
     names = list(shapes.COLOURS)
     code[names.index("orange")] = (code[names.index("red")] + code[names.index("yellow")]) / 2
-    mixture = mixture_distances(_colour_coded_updates(scenes, code), scenes, ("colour",))
+    mixture = mixture_distances(_colour_coded_updates(scenes, code), scenes, ("colour",), truth=WORLD)
     assert set(mixture) == {f"colour={name}" for name in names}
     others = min(d for name, d in mixture.items() if name != "colour=orange")
     assert others > 1.0
@@ -173,12 +207,13 @@ def test_mixture_distance_finds_a_colour_coded_halfway_between_two_others():
 def test_direction_ceiling_reaches_the_coded_colours_and_not_the_uncoded_shapes():
     scenes = _scenes(200, seed=5)
     code = 2 * np.random.default_rng(1).normal(size=(len(shapes.COLOURS), 8)).astype(np.float32)
-    ceiling = direction_ceiling(_colour_coded_updates(scenes, code), scenes, ("colour", "shape"))
+    ceiling = direction_ceiling(_colour_coded_updates(scenes, code), scenes, ("colour", "shape"), truth=WORLD)
     assert {label.split("=")[0] for label in ceiling} == {"colour", "shape"}
     assert min(v for label, v in ceiling.items() if label.startswith("colour=")) > 0.95
     assert max(v for label, v in ceiling.items() if label.startswith("shape=")) < 0.7
     # a sample of the positions is enough to find the directions
-    sampled = direction_ceiling(_colour_coded_updates(scenes, code), scenes, ("colour",), max_positions=2000)
+    sampled = direction_ceiling(_colour_coded_updates(scenes, code), scenes, ("colour",), max_positions=2000,
+                                truth=WORLD)
     assert min(sampled.values()) > 0.95
 
 
@@ -232,7 +267,7 @@ def test_features_json_is_written_in_the_library_format(tmp_path):
 def test_captions_outside_the_world_give_statistics_without_labels():
     pool = _synthetic_pool(8)
     pool.prompts = ["a photo of a cat"] * 8
-    assert pool.scenes() is None
+    assert pool.scenes() is None and pool.truth() is None
     cards, summary = analyse_block(_identity_sae(4), pool.updates["mid_block.attentions.0"], pool.scenes())
     assert summary == {} and all(c["label"] is None and c["auroc"] is None for c in cards)
     assert cards[3]["frequency"] > 0.9
@@ -246,7 +281,7 @@ def test_pool_of_a_generation_holds_images_and_last_step_updates():
     pool = generate_pool(model, ["mid_block.attentions.0"], prompts, [0, 1], steps=2, progress=False)
     assert pool.images.shape == (2, 64, 64, 3) and pool.images.dtype == np.uint8
     assert pool.updates["mid_block.attentions.0"].shape == (2, 64, 8, 8)
-    assert pool.scenes()[1].objects[0].position == "top left"
+    assert pool.truth() is WORLD and pool.scenes()[1].objects[0].position == "top left"
 
 
 def test_features_command_on_a_saved_pipeline_and_its_errors(tmp_path, capsys):

@@ -107,7 +107,7 @@ def test_labelled_shape_and_colour_features_hold_on_fresh_generations(library, t
     analysis never saw: the same feature still separates its value from the others."""
     from interp.hooks import capture_updates, generate
     from interp.zoo.shapes import world_prompts
-    from interp.zoo.shapes import parse_caption
+    from interp.zoo.shapes import WORLD, parse_caption
     from saes.features import attribute_aurocs, encode_positions
 
     claims = {label: c for label, c in _report()["colours_and_shapes_labelled"].items() if c["meets_target"]}
@@ -120,7 +120,7 @@ def test_labelled_shape_and_colour_features_hold_on_fresh_generations(library, t
     scenes = [parse_caption(p) for p in prompts]
     for block in blocks:
         latents = encode_positions(library.sae(block), cap.updates(block)[-1])
-        names, auroc, _ = attribute_aurocs(latents, scenes)
+        names, auroc, _ = attribute_aurocs(latents, scenes, truth=WORLD)
         index = {f"{a}={v}": t for t, (a, v) in enumerate(names)}
         for label, claim in claims.items():
             if claim["block"] == block:

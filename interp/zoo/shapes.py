@@ -507,10 +507,11 @@ def world_prompts(n: int, seed: int = 0, progress: bool = False) -> list[str]:
 
 class ShapesWorld:
     """The shapes world as an `interp.ground_truth.GroundTruth`: its captions, the scene each one describes,
-    its attribute values and its probe."""
+    its attribute values, its probe and its layout (the 3 x 3 grid of `POSITIONS`)."""
 
     name = "shapes"
     image_size = IMAGE_SIZE
+    cells = POSITIONS
 
     def prompts(self, n: int, seed: int = 0, progress: bool = False) -> list[str]:
         return world_prompts(n, seed, progress)
@@ -536,6 +537,21 @@ class ShapesWorld:
 
     def probe(self) -> AttributeProbe:
         return self._probe
+
+    def cell_box(self, cell: str, size: int) -> tuple[int, int, int, int]:
+        return cell_box(cell, size)
+
+    def object_mask(self, obj: ShapeObject, size: int) -> np.ndarray:
+        return object_mask(obj, size)
+
+    def foreground_mask(self, scene: Scene, size: int) -> np.ndarray:
+        return foreground_mask(scene, size)
+
+    def held_out_scene(self, rng: np.random.Generator) -> Scene:
+        return sample_split(rng, "held_out")
+
+    def caption(self, scene: Scene) -> str:
+        return caption(scene)
 
 
 WORLD = ShapesWorld()
