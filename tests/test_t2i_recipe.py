@@ -149,3 +149,42 @@ def test_pretrained_text_encoders_learn_to_match_captions_to_images_then_stay_fr
     state = torch.load(tmp_path / "text.ckpt", weights_only=True)["modules"]
     saved = _weights(tmp_path / "pipeline", "text_encoder")
     assert all(torch.equal(v, state["text_encoder." + k].half()) for k, v in saved.items())
+
+
+def test_the_sdxl_proportions_config_puts_most_transformer_layers_at_the_lowest_resolution(tmp_path):
+    from interp.zoo.t2i import T2I_CONFIGS, build_pipeline, build_tokenizer_files, t2i_config
+
+    build_tokenizer_files(tmp_path / "tokenizer", 48)
+    depth = {}
+    for name in ("v1", "sdxl-proportions"):
+        unet = build_pipeline(t2i_config(name), tmp_path / "tokenizer").unet
+        depth[name] = {block: len(dict(unet.named_modules())[block].transformer_blocks)
+                       for block in ("down_blocks.1.attentions.1", "down_blocks.2.attentions.1", "mid_block.attentions.0",
+                                     "up_blocks.0.attentions.1", "up_blocks.1.attentions.2")}
+    assert set(depth["v1"].values()) == {1}
+    v2 = depth["sdxl-proportions"]
+    assert v2["down_blocks.1.attentions.1"] == v2["up_blocks.1.attentions.2"] == 2  # SDXL: 2 at its middle level
+    assert v2["down_blocks.2.attentions.1"] == v2["mid_block.attentions.0"] == v2["up_blocks.0.attentions.1"] == 6
+    assert T2I_CONFIGS["sdxl-proportions"].unet_channels == T2I_CONFIGS["v1"].unet_channels  # doubling per level
+    with pytest.raises(ValueError, match="unknown model configuration 'sdxl'.*v1, sdxl-proportions"):
+        t2i_config("sdxl")
+    parser = argparse.ArgumentParser()
+    t2i_recipe.add_arguments(parser)
+    assert parser.parse_args(["--config", "sdxl-proportions"]).config == "sdxl-proportions"
+    with pytest.raises(SystemExit):  # argparse: invalid choice, exit 2 with the choices
+        parser.parse_args(["--config", "sdxl"])
+
+
+def test_a_checkpoint_written_before_a_model_field_existed_resumes_as_its_default(tmp_path):
+    from dataclasses import asdict, replace
+
+    import torch
+
+    cfg = t2i_recipe.RecipeConfig()
+    written = asdict(cfg)
+    del written["model"]["unet_transformer_layers"]  # a v1 checkpoint, before the field was added
+    torch.save({"config": json.dumps(written, sort_keys=True), "step": 7}, tmp_path / "unet.ckpt")
+    assert t2i_recipe.load_checkpoint(tmp_path / "unet.ckpt", cfg)["step"] == 7
+    deeper = replace(cfg, model=replace(cfg.model, unet_transformer_layers=(1, 2, 6)))
+    with pytest.raises(SystemExit, match="different recipe configuration"):
+        t2i_recipe.load_checkpoint(tmp_path / "unet.ckpt", deeper)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import shapes
-from .t2i import T2IConfig, build_pipeline, build_tokenizer_files
+from .t2i import T2I_CONFIGS, T2IConfig, build_pipeline, build_tokenizer_files, t2i_config
 from .training import lr_at, save_checkpoint
 
 TIME_IDS = (64, 64, 0, 0, 64, 64)  # original size, crop top-left, target size: SDXL's six numbers
@@ -116,6 +116,8 @@ VAE_MODEL_FIELDS = ("image_size", "vae_channels", "latent_channels")
 def _recipe_identity(config: dict, stage: str = "unet") -> dict:
     """What must match to resume `stage`: a new UNet or scheduler setting keeps the trained VAE."""
     config = {k: v for k, v in json.loads(json.dumps(config)).items() if k not in RESUMABLE_CHANGES}
+    # a field added to the model configuration later reads as its default in a checkpoint written before it
+    config["model"] = json.loads(json.dumps(asdict(T2IConfig()))) | config.get("model", {})
     if stage == "text":  # a longer pretraining resumes the shorter one; the UNet trained on that one does not
         config.pop("text_pretrain_steps", None)
     if stage == "unet":  # the UNet learns the encoder's latents: how the decoder is fine-tuned does not matter
@@ -409,7 +411,7 @@ def cached_latents(cache: Path, vae, images: np.ndarray, cfg: RecipeConfig) -> t
 def main(args: argparse.Namespace) -> None:
     if args.pretrain_text_encoders < 0:
         raise SystemExit(f"--pretrain-text-encoders must be 0 (none) or a number of steps, not {args.pretrain_text_encoders}")
-    cfg = RecipeConfig(seed=args.seed, n_scenes=args.scenes, vae_steps=args.vae_steps, decoder_steps=args.decoder_steps,
+    cfg = RecipeConfig(model=t2i_config(args.config), seed=args.seed, n_scenes=args.scenes, vae_steps=args.vae_steps, decoder_steps=args.decoder_steps,
                        unet_steps=args.unet_steps, unet_batch=args.batch, threads=args.threads,
                        checkpoint_every=args.checkpoint_every, object_weight=args.object_weight,
                        freeze_text_encoders=args.freeze_text_encoders or args.pretrain_text_encoders > 0,
@@ -455,6 +457,9 @@ def main(args: argparse.Namespace) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/t2i", help="run directory: checkpoints, log.jsonl")
     parser.add_argument("--save-to", default=None, help="where to save the final pipeline (default OUT/pipeline)")
+    parser.add_argument("--config", default="v1", choices=sorted(T2I_CONFIGS),
+                        help="the model's sizes (interp.zoo.t2i.T2I_CONFIGS): v1, the shipped toy; sdxl-proportions, "
+                             "most transformer layers at the lowest resolution as in SDXL")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scenes", type=int, default=RecipeConfig.n_scenes)
     parser.add_argument("--vae-steps", type=int, default=RecipeConfig.vae_steps)
