@@ -298,7 +298,8 @@ def _probe(args) -> int:
     from .strict_json import write_json
 
     model = _load_model(args)
-    probes = probe_blocks(model, n_images=args.images, world_seed=args.world_seed, seed=args.seed)
+    probes = probe_blocks(model, n_images=args.images, world_seed=args.world_seed, seed=args.seed,
+                          ablate_images=args.ablate_images)
     md = probe_markdown(probes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -444,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     pr.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
     pr.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
+    pr.add_argument("--ablate-images", type=at_least(0), default=200,
+                    help="generations with each block ablated in turn, read by the probe (0: none)")
     pr.add_argument("--threads", type=at_least(1), default=1)
     pr.add_argument("--out", required=True, help="directory for probes.json and PROBES.md")
     pr.set_defaults(run=_probe)

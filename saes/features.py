@@ -93,16 +93,6 @@ def _object_coverage(scene, height: int, width: int, truth) -> np.ndarray:
     return pooled[0, 0].numpy()
 
 
-def _truth_or_shapes(truth):
-    """`truth`, or the shapes world where a caller passes scenes without their world (saes/report.py's
-    `block_geometry`)."""
-    if truth is not None:
-        return truth
-    from interp.ground_truth import world
-
-    return world("shapes")
-
-
 # The shapes world's object attributes (`GroundTruth.attribute_values` less the background): what the report
 # asks `direction_ceiling` about.
 OBJECT_ATTRIBUTES = ("shape", "colour", "size", "texture", "position")
@@ -180,18 +170,17 @@ PROBED_ATTRIBUTES = ("colour", "shape", "size", "texture", "position")
 
 
 def cell_probe_accuracy(updates: torch.Tensor, scenes: list, attributes=PROBED_ATTRIBUTES,
-                        seed: int = 0, *, truth=None) -> dict[str, dict]:
+                        seed: int = 0, *, truth) -> dict[str, dict]:
     """How well a block's update codes each object attribute, independently of any SAE: a multinomial
     logistic regression from an occupied grid cell's mean update (standardised) to the attribute of its
     object, fitted on half of the cells and scored on the other half (image-disjoint halves).
-    truth: the scenes' world (`GroundTruth`; None: the shapes world).
+    truth: the scenes' world (`GroundTruth`).
 
     Returns {attribute: {"accuracy", "chance" (the majority value's share), "n_test"}}."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    truth = _truth_or_shapes(truth)
     names, targets, occupied = cell_targets(scenes, truth=truth)
     features = cell_means(updates, truth=truth).numpy()[occupied]
     image_of_cell = np.repeat(np.arange(len(scenes)), len(truth.cells))[occupied]
@@ -247,10 +236,9 @@ def object_vectors(updates: torch.Tensor, scenes: list, min_coverage: float = 0.
 
 
 def mixture_distances(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"),
-                      min_coverage: float = 0.6, *, truth=None) -> dict[str, float]:
+                      min_coverage: float = 0.6, *, truth) -> dict[str, float]:
     """`value_mixture_distances` of each attribute over the objects' interior vectors (`object_vectors`):
-    {"attribute=value": distance}. truth: the scenes' world (`GroundTruth`; None: the shapes world)."""
-    truth = _truth_or_shapes(truth)
+    {"attribute=value": distance}. truth: the scenes' world (`GroundTruth`)."""
     vectors, objects = object_vectors(updates, scenes, min_coverage, truth=truth)
     results = {}
     for attribute in attributes:
@@ -290,7 +278,7 @@ def value_mixture_distances(features: np.ndarray, targets: np.ndarray) -> np.nda
 
 def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"), seed: int = 0,
                       background_max_coverage: float = 0.05, min_coverage: float = 0.3,
-                      max_positions: int = 50_000, *, truth=None) -> dict[str, float]:
+                      max_positions: int = 50_000, *, truth) -> dict[str, float]:
     """The best AUROC one linear feature of this block can reach for each attribute value, scored
     exactly as the feature labels are (largest activation in each occupied grid cell, see
     `attribute_aurocs`): a one-vs-rest logistic regression (standardised) fitted on the block
@@ -298,14 +286,12 @@ def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour",
     its value, background positions are negatives; at most `max_positions` of them, drawn at random,
     which bounds the cost on SDXL-size blocks), scored on the other half. An SAE feature is
     one direction read through a ReLU, so this is the ceiling of its label; a gap says the SAE did
-    not learn the direction, not that the block lacks it. truth: the scenes' world (`GroundTruth`;
-    None: the shapes world).
+    not learn the direction, not that the block lacks it. truth: the scenes' world (`GroundTruth`).
 
     Returns {"attribute=value": held-out AUROC}."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
-    truth = _truth_or_shapes(truth)
     n, c, h, w = updates.shape
     positions = updates.permute(0, 2, 3, 1).float()                      # (N, h, w, C)
     order = np.random.default_rng(seed).permutation(n)

@@ -95,7 +95,7 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
               "world_seed": world_seed, "seed": seed, "targets": TARGETS, "blocks": blocks}
     scenes = truth.scenes(pool.prompts)
     if scenes is not None:
-        report |= block_geometry(pool.updates, scenes, ceiling_blocks=list(saes))
+        report |= block_geometry(pool.updates, scenes, ceiling_blocks=list(saes), truth=truth)
     if features_summary is not None:
         coverage = label_coverage(features_summary, TARGETS["label_auroc_min"])
         values = truth.attribute_values()
@@ -113,19 +113,21 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
     return report
 
 
-def block_geometry(updates: dict[str, "torch.Tensor"], scenes: list, ceiling_blocks: list[str] | None = None) -> dict:
+def block_geometry(updates: dict[str, "torch.Tensor"], scenes: list, ceiling_blocks: list[str] | None = None,
+                   *, truth) -> dict:
     """Where each attribute lives, SAE or not: per block the linear cell probe (accuracy and the dimensions
     spent, `cell_probe_accuracy`) and, for `ceiling_blocks` (default: all), the best single direction's AUROC
-    per object attribute value (`direction_ceiling`)."""
+    per object attribute value (`direction_ceiling`); `truth`: the world of the scenes (its layout)."""
     ceiling_blocks = list(updates) if ceiling_blocks is None else ceiling_blocks
-    return {"block_probes": {block: cell_probe_accuracy(u, scenes) for block, u in updates.items()},
-            "direction_ceiling": {block: direction_ceiling(updates[block], scenes, OBJECT_ATTRIBUTES)
+    return {"block_probes": {block: cell_probe_accuracy(u, scenes, truth=truth) for block, u in updates.items()},
+            "direction_ceiling": {block: direction_ceiling(updates[block], scenes, OBJECT_ATTRIBUTES, truth=truth)
                                   for block in ceiling_blocks},
-            "mixture_distance": {block: mixture_distances(updates[block], scenes, ("colour", "shape"))
+            "mixture_distance": {block: mixture_distances(updates[block], scenes, ("colour", "shape"), truth=truth)
                                  for block in ceiling_blocks}}
 
 
-def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 100_000) -> dict:
+def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 100_000,
+                 ablate_images: int = 0) -> dict:
     """`block_geometry` of every hookable block of `model` on `n_images` fresh shapes-world generations: the
     check of a new or retrained model before any SAE is trained on it (a colour that lives on a plane with its
     neighbours, 2 dimensions for 8 values, gets no feature of its own; see saes/pretrained/toy/notes.md).
@@ -133,10 +135,17 @@ def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 10
     from interp.ground_truth import require_ground_truth
 
     truth = require_ground_truth(model, "probing blocks for attributes")
-    prompts = truth.prompts(n_images, world_seed)
-    pool = generate_pool(model, list(model.blocks), prompts, [seed + i for i in range(n_images)])
-    return {"model": model.name, "n_images": n_images, "world_seed": world_seed, "seed": seed,
-            **block_geometry(pool.updates, truth.scenes(pool.prompts))}
+    prompts = truth.prompts(max(n_images, ablate_images), world_seed)
+    seeds = [seed + i for i in range(len(prompts))]
+    pool = generate_pool(model, list(model.blocks), prompts[:n_images], seeds[:n_images])
+    probes = {"model": model.name, "n_images": n_images, "world_seed": world_seed, "seed": seed,
+              **block_geometry(pool.updates, truth.scenes(pool.prompts), truth=truth)}
+    if ablate_images:  # what the image needs from each block, beside what each block's update codes
+        from .fidelity import block_ablations
+
+        probes["ablation"] = block_ablations(model, list(model.blocks), prompts[:ablate_images],
+                                             seeds[:ablate_images], progress=True)
+    return probes
 
 
 def probe_markdown(probes: dict) -> str:
@@ -147,6 +156,13 @@ def probe_markdown(probes: dict) -> str:
              "", "The best single linear direction's held-out AUROC per value (`saes.features.direction_ceiling`), "
              "the ceiling of any SAE feature's label in that block:", "",
              _per_value_table(probes["direction_ceiling"]).rstrip()]
+    if "ablation" in probes:
+        from .fidelity import ablation_table
+
+        lines += ["", f"Ablating each block in turn ({probes['ablation']['n_images']} generations, the same seeds; "
+                  "`saes.fidelity.block_ablations`): the probe's accuracy per attribute over every object, bold where "
+                  "it drops by 0.2 or more from the unedited images (first row), and the attributes the block so "
+                  "carries:", "", ablation_table(probes["ablation"]).rstrip()]
     if any(mixture.values()):
         lines += ["", "How far each value's mean lies from the nearest mixture of the other values' means, in units "
                   "of the spread of an object's interior update around its own value's mean "

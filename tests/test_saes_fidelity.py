@@ -89,3 +89,21 @@ def test_eval_command_adds_splice_fidelity_when_a_model_is_given(tmp_path, capsy
     assert "--world generates fresh images: it needs --model" in capsys.readouterr().err
     assert main(["eval", "--sae", str(sae_dir)]) == 2
     assert "--store DIR or --world N" in capsys.readouterr().err
+
+
+def test_block_ablations_find_the_block_the_toys_images_need_and_not_an_inert_one(toy_t2i):
+    """The embedded toy draws colour in up_blocks.1.attentions.2 (README): ablating it makes the probe misread
+    objects; its mid block does nothing the image depends on (issue 22's starting point)."""
+    from saes.fidelity import ablation_table, block_ablations
+
+    colour_block = "up_blocks.1.attentions.2"
+    result = block_ablations(toy_t2i, [MID, colour_block], PROMPTS, seeds=[0, 1, 2, 3])
+    assert result["n_images"] == 4 and result["original"]["all"] == 1.0
+    mid, colour = result["blocks"][MID], result["blocks"][colour_block]
+    assert mid["probe_accuracy"]["all"] == 1.0 and mid["psnr"] > 50
+    assert colour["drop"]["colour"] >= 0.5 and colour["psnr"] < 30
+    table = ablation_table(result)
+    assert f"| {MID} |" in table and table.splitlines()[-2].endswith("| nothing |")
+    assert "colour" in table.splitlines()[-1].split("|")[-2]
+    with pytest.raises(ValueError, match="not captions"):
+        block_ablations(toy_t2i, [MID], ["a photo of a cat"])
