@@ -183,3 +183,13 @@ def test_package_entry_point_dispatches_and_rejects_unknown_commands(tmp_path, c
     assert main(["world", "--out", str(tmp_path), "--n", "2"]) == 0
     assert (tmp_path / "benign-held_out.jsonl").exists()
     assert main(["bogus"]) == 2 and "unknown command" in capsys.readouterr().err
+
+
+def test_world_export_to_an_unwritable_place_is_one_error_line_not_a_traceback(tmp_path, capsys):
+    from interp.zoo.chat.__main__ import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert main(["world", "--out", str(blocker / "out"), "--n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -20,8 +20,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nerror: unknown command {argv[0]!r}", file=sys.stderr)
         return 0 if known else 2
     if argv[0] == "world":
+        from types import SimpleNamespace
+
+        from ...cli import run_command
         from .world import main as world_main
-        return world_main(argv[1:])
+
+        # the one error map (an unwritable --out: one line, exit 2; Ctrl-C: 130); world.py checks its own --n
+        return run_command(SimpleNamespace(run=lambda _: world_main(argv[1:])))
     if argv[0] == "evaluate":
         from .recipe import evaluate_cli
         return evaluate_cli(argv[1:])
