@@ -490,6 +490,9 @@ def test_browser_browses_a_language_models_sae_cards_in_the_features_tab(page):
     wait_until(page, text_includes("#features-summary", "of toy-chat"), 60_000, "#features-summary")
     assert page.locator("#features-block input").input_value() == "blocks.1.hook_resid_post"
     assert "promotes" in page.locator("#features-table").inner_text()
+    # only what applies to an LM: no Top images gallery, no AUROC sort (its cards have neither images nor labels)
+    assert not page.locator("#feature-gallery").is_visible()
+    assert "AUROC" not in page.locator("#features-sort").inner_text()
     page.locator("#features-id input").fill("3")
     page.locator("#features-open").click()
     wait_until(page, text_includes("#feature-lm-card", "promotes:"), 30_000, "#feature-lm-card")
@@ -503,6 +506,8 @@ def test_browser_browses_a_language_models_sae_cards_in_the_features_tab(page):
     wait_until(page, "!document.querySelector('#features-summary').innerText.includes('toy-chat')", 30_000,
                "#features-summary")
     assert page.locator("#feature-lm-card").inner_text().strip() == ""
+    page.locator("#feature-gallery").wait_for(state="visible", timeout=10_000)
+    assert "AUROC" in page.locator("#features-sort").inner_text()
 
 
 @needs_chromium

@@ -511,12 +511,15 @@ def test_open_in_the_features_tab_selects_it_with_the_chosen_features_block_tabl
     assert len(clicks) == 1 and clicks[0][1][0] is tabs
     other = bench.library.blocks[0]
     choice = f"{other} #3"
-    selected, model, block, rows, summary, feature, card, gallery, lm_card = FeaturesTab(bench).open_feature(
-        choice, "id", "")
+    (selected, model, block, sort, search, rows, summary, feature, card, gallery,
+     lm_card) = FeaturesTab(bench).open_feature(choice, "id", "")
     assert selected.selected == "features" and block["value"] == other and feature == 3
     assert summary.endswith(f"of {other}") and card.startswith(f"### {other} feature 3\n")
-    assert card == FeaturesTab(bench).feature_card(other, 3)[0] and len(gallery) == len(bench.library.card(other, 3)
-                                                                                         ["top_images"])
+    assert card == FeaturesTab(bench).feature_card(other, 3)[0] and gallery["visible"] is True
+    assert len(gallery["value"]) == len(bench.library.card(other, 3)["top_images"])
+    # the image model's widgets (an LM, without the gallery and the AUROC sort, may have been picked)
+    assert sort["choices"] == ["AUROC", "frequency", "mean activation", "id"] and sort["value"] == "id"
+    assert search["label"] == "Search labels"
     with pytest.raises(gr.Error, match="generate an image and choose one of its features first"):
         FeaturesTab(bench).open_feature(None, "id", "")
 
@@ -633,8 +636,9 @@ def test_features_tab_browses_a_language_models_sae_cards_by_model_and_hook():
     hook = "blocks.1.hook_resid_post"
     assert tab.models()[0] == "toy" and "toy-chat" in tab.models() and hook in tab.lm_sets["toy-chat"]
     cards = load_lm_cards(PRETRAINED / "toy-chat" / hook)["features"]
-    blocks, rows, summary, feature, card, gallery, html = tab.model_changed("toy-chat", "frequency", "")
-    assert blocks["value"] == hook and hook in blocks["choices"] and (feature, card, gallery, html) == (None, "", [], "")
+    blocks, sort, search, rows, summary, feature, card, gallery, html = tab.model_changed("toy-chat", "frequency", "")
+    assert blocks["value"] == hook and hook in blocks["choices"] and (feature, card, html) == (None, "", "")
+    assert gallery["visible"] is False and gallery["value"] == [] and sort["value"] == "frequency"
     live = sorted((c for c in cards if c["n_firing"]), key=lambda c: -c["frequency"])
     assert list(rows.columns) == ["id", "promotes", "max activation", "frequency", "mean activation"]
     assert rows["id"].tolist()[:5] == [c["id"] for c in live[:5]] and "of blocks.1.hook_resid_post of toy-chat" in summary
@@ -651,3 +655,30 @@ def test_features_tab_browses_a_language_models_sae_cards_by_model_and_hook():
         tab.table("blocks.0.hook_resid_post", "frequency", "", "toy-chat")
     with pytest.raises(gr.Error, match="choose a model"):
         tab.table(hook, "frequency", "", "no-such-model")
+
+
+def test_features_tab_shows_only_the_widgets_that_apply_to_the_model_picked(demo):
+    """A language model's cards have no images and no labels: its Top images gallery was an empty box and its
+    AUROC sort a dead option. They are hidden for an LM and back for the image model, with a valid sort each time."""
+    bench, ui = demo
+    needs_shipped_saes(bench)
+    widget = {b.elem_id: b for b in ui.blocks.values() if getattr(b, "elem_id", None)}
+    picked = [outputs for trigger, event, _, _, outputs in dependencies(ui)
+              if trigger is widget["features-model"] and event == "input"]
+    ids = [o._id if hasattr(o, "_id") else o for o in picked[0]]
+    assert ids[:3] == [widget[e]._id for e in ("features-block", "features-sort", "features-search")]
+    assert widget["feature-gallery"]._id in ids
+    # the sort's table on the user's input only (a model change sets the sort with its own table)
+    assert [e for t, e, *_ in dependencies(ui) if t is widget["features-sort"]] == ["input"]
+    tab = FeaturesTab(bench)
+    assert "toy-chat" in tab.models()
+    for sort_by, kept in [("AUROC", "frequency"), ("id", "id"), ("mean activation", "mean activation")]:
+        _, sort, search, rows, summary, _, _, gallery, _ = tab.model_changed("toy-chat", sort_by, "")
+        assert sort["choices"] == ["frequency", "mean activation", "id"] and sort["value"] == kept
+        assert gallery["visible"] is False and gallery["value"] == [] and "promotes" in rows.columns
+        assert search["label"].startswith("Search tokens") and "sorted by frequency" not in summary
+        # back to the image model: the gallery, the AUROC sort and the label search again, the sort kept
+        blocks, sort, search, rows, summary, _, _, gallery, _ = tab.model_changed(bench.model_name, kept, "")
+        assert sort["choices"] == ["AUROC", "frequency", "mean activation", "id"] and sort["value"] == kept
+        assert gallery["visible"] is True and search["label"] == "Search labels" and "AUROC" in rows.columns
+        assert blocks["value"] == bench.library.blocks[-1] and summary.endswith(f"of {blocks['value']}")

@@ -7,8 +7,11 @@ tab finds SAEs: `ui.lm_steer.lm_sae_roots`). Widgets (model, block, sort, search
   were made on (`load_analysis_images`) with `heatmap_overlay`;
 - a language model: `saes.lm_features.load_lm_cards` and `card_html` (top contexts with the tokens shaded by
   activation, histogram, promoted and suppressed tokens); the block is the SAE's hook.
-`open_feature` shows a feature chosen in another tab (the Generate tab's top features): this tab selected, its
-block, table and card. HTTP API: /features (block, sort_by, search, model), /feature_card (block, feature, model).
+Only what applies to the model picked is shown: for a language model the image-only widgets are hidden (the
+Top images gallery; the AUROC sort, as an LM card has no label) and the search is over tokens, not labels
+(`model_widgets`). `open_feature` shows a feature chosen in another tab (the Generate tab's top features): this tab
+selected, the image model with its widgets, the feature's block, table and card. HTTP API: /features (block,
+sort_by, search, model), /feature_card (block, feature, model).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ LM_HEADERS = ["id", "promotes", "max activation", "frequency", "mean activation"
 LM_TABLE_ROWS = 500  # rows of an LM SAE's table (the most frequent first when sorted by frequency)
 SORT_KEYS = {"AUROC": lambda c: -(c.get("auroc") or 0), "frequency": lambda c: -(c.get("frequency") or 0),
              "mean activation": lambda c: -(c.get("mean_activation") or 0), "id": lambda c: c["id"]}
+IMAGE_SORTS = list(SORT_KEYS)
+LM_SORTS = [k for k in SORT_KEYS if k != "AUROC"]  # an LM card has no label, so no AUROC
+SEARCH_LABELS = {"image": "Search labels", "lm": "Search tokens (promoted, or in the top contexts)"}
 
 
 def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
@@ -38,8 +44,8 @@ def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
                                 elem_id="features-model")
             block = gr.Dropdown(label="Block (an LM's: the SAE's hook)", choices=blocks, value=default_block,
                                 elem_id="features-block")
-            sort_by = gr.Radio(list(SORT_KEYS), value="AUROC", label="Sort by", elem_id="features-sort")
-            search = gr.Textbox(label="Search labels", elem_id="features-search")
+            sort_by = gr.Radio(IMAGE_SORTS, value="AUROC", label="Sort by", elem_id="features-sort")
+            search = gr.Textbox(label=SEARCH_LABELS["image"], elem_id="features-search")
             show = gr.Button("Show", elem_id="features-show")
         summary = gr.Markdown(elem_id="features-summary")
         with gr.Row():
@@ -63,15 +69,17 @@ def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
     # another block chosen: its own table, and the old block's card cleared (a row or id is per block). On the
     # user's input only: open_feature sets the block together with its table and the card it opens.
     block.input(tab.block_changed, inputs_kwargs=listing, outputs=[table, summary, feature, *shown], api_name=False)
+    # another model: its blocks and table, and only the widgets that apply to it (model_widgets)
     model.input(tab.model_changed, inputs_kwargs={"model": model, "sort_by": sort_by, "search": search},
-                outputs=[block, table, summary, feature, *shown], api_name=False)
-    sort_by.change(tab.table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
+                outputs=[block, sort_by, search, table, summary, feature, *shown], api_name=False)
+    # on the user's input only: model_changed and open_feature set the sort together with the table it gives
+    sort_by.input(tab.table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
     search.submit(tab.table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
     if default_block:
         demo.load(tab.table, inputs_kwargs=listing, outputs=[table, summary])
     # for a link from another tab (app.py): open_feature's inputs after the choice, and its outputs after the tabs
     tab.open_inputs = {"sort_by": sort_by, "search": search}
-    tab.open_outputs = [model, block, table, summary, feature, *shown]
+    tab.open_outputs = [model, block, sort_by, search, table, summary, feature, *shown]
     return tab
 
 
@@ -138,9 +146,19 @@ class FeaturesTab:
             self._lm_cards[key] = load_lm_cards(directory)
         return self._lm_cards[key]
 
+    def model_widgets(self, model, sort_by: str, gallery=()):
+        """The updates that show only what applies to the model: (the sort with the model's keys and a value among
+        them, the search's label, the gallery with these images: hidden for an LM, whose cards have none)."""
+        lm = self.is_lm(model)
+        sorts = LM_SORTS if lm else IMAGE_SORTS
+        value = sort_by if sort_by in sorts else sorts[0]
+        return (gr.update(choices=sorts, value=value), gr.update(label=SEARCH_LABELS["lm" if lm else "image"]),
+                gr.update(value=list(gallery), visible=not lm))
+
     @user_errors
     def model_changed(self, model: str, sort_by: str, search: str):
-        """Another model chosen: its blocks (an LM's: the hooks with cards), the first one's table, the card cleared."""
+        """Another model chosen: its blocks (an LM's: the hooks with cards), its widgets (model_widgets), the first
+        block's table, the card cleared."""
         if self.is_lm(model):
             blocks = list(self.lm_sets.get(model) or {})
         else:
@@ -148,8 +166,9 @@ class FeaturesTab:
         if not blocks:
             raise ValueError(f"{model} has no SAE feature cards here")
         block = blocks[0] if self.is_lm(model) else blocks[-1]
-        rows, summary = self._table(block, sort_by, search, model)
-        return gr.update(choices=blocks, value=block), rows, summary, None, "", [], ""
+        sort, search_box, gallery = self.model_widgets(model, sort_by)
+        rows, summary = self._table(block, sort["value"], search, model)
+        return gr.update(choices=blocks, value=block), sort, search_box, rows, summary, None, "", gallery, ""
 
     # ----- the wired handlers: each dispatches on the model -------------------------------------------
     def _table(self, block: str, sort_by: str, search: str, model: str | None = None):
@@ -274,11 +293,15 @@ class FeaturesTab:
 
     @user_errors
     def open_feature(self, choice: str, sort_by: str, search: str):
-        """A feature chosen elsewhere ("block #id (label)"): this tab selected (its id is "features"), the
-        feature's block with its table, the id and the card."""
+        """A feature chosen elsewhere ("block #id (label)"): this tab selected (its id is "features"), the image
+        model with its widgets (an LM may have been picked), the feature's block with its table, the id and the
+        card."""
         block, feature = parse_feature_choice(choice)
         model = self.bench.model_name
-        rows, summary = self._table(block, sort_by, search, model)
+        sort, search_box, _ = self.model_widgets(model, sort_by)
+        rows, summary = self._table(block, sort["value"], search, model)
+        text, images, html = self._card(block, feature, model)
+        gallery = self.model_widgets(model, sort_by, images)[2]
         blocks = self.bench.library.blocks if self.bench.library is not None else []
-        return (gr.Tabs(selected="features"), gr.update(value=model), gr.update(choices=blocks, value=block), rows,
-                summary, feature, *self._card(block, feature, model))
+        return (gr.Tabs(selected="features"), gr.update(value=model), gr.update(choices=blocks, value=block), sort,
+                search_box, rows, summary, feature, text, gallery, html)
