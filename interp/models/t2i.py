@@ -21,10 +21,9 @@ from .generation import Cancelled  # noqa: F401 - one exception for every stoppe
 
 SDXL_BLOCKS = ("down_blocks.2.attentions.1", "mid_block.attentions.0",
                "up_blocks.0.attentions.0", "up_blocks.0.attentions.1")
-# The embedded model lays out its scene in those four 8x8 blocks but draws an object's shape and colour
-# one level up: a linear probe of each occupied grid cell's mean update reads shape at 1.00 in
-# up_blocks.1.attentions.1 and colour at 0.99 in up_blocks.1.attentions.2, against at most 0.44 and 0.28
-# in SDXL's four (saes/pretrained/toy/REPORT.md). Its SAEs and edits cover both sets.
+# The embedded models lay out their scene in SDXL's four blocks but v1 draws an object's shape and colour one
+# level up, at 16 x 16 (the linear probes and ablations: saes/pretrained/toy/REPORT.md, README): their SAEs and
+# edits cover both sets.
 TOY_BLOCKS = SDXL_BLOCKS + ("up_blocks.1.attentions.1", "up_blocks.1.attentions.2")
 
 
@@ -40,6 +39,8 @@ class KnownModel:
 
 KNOWN_MODELS = {
     "toy": KnownModel(str(WEIGHTS_DIR / "t2i"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
+    # v2 (issue 22): SDXL's proportions, most transformer layers at 8 x 8 (`--config sdxl-proportions`)
+    "toy-v2": KnownModel(str(WEIGHTS_DIR / "t2i-v2"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     "sdxl-turbo": KnownModel("stabilityai/sdxl-turbo", 1, 0.0),
     "sdxl-base": KnownModel("stabilityai/stable-diffusion-xl-base-1.0", 30, 5.0),
 }

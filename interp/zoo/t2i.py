@@ -60,8 +60,8 @@ T2I_CONFIGS = {
     # (SDXL's four analysed ones) do little the image depends on (README, "SAEs shipped").
     "v1": T2IConfig(),
     # v2: SDXL's proportions. Channels double per level as SDXL's (320, 640, 1280), and most transformer
-    # layers sit at the lowest resolution as in SDXL's (1, 2, 10): 2 layers at 16 x 16, 6 at 8 x 8 (10 would
-    # take 1.5 s a training step on two cores against 1.1 s; v1 takes 0.5 s).
+    # layers sit at the lowest resolution as in SDXL's (1, 2, 10): 2 layers at 16 x 16, 6 at 8 x 8 (fewer than
+    # SDXL's 10 to keep the recipe within about 3 hours on two CPU cores; README, "v2").
     "sdxl-proportions": T2IConfig(unet_transformer_layers=(1, 2, 6)),
 }
 
