@@ -227,3 +227,59 @@ def test_refusal_features_report_lists_every_run_with_its_held_out_rates_and_the
     assert "'I\\|'" in text  # a pipe inside a token does not break the table
     page = cards_html(result, "/nonexistent")
     assert ">#7</a>: Δ mean 1.500" in page and page.count("<h2>") == 3
+
+
+def _fake_block_runs(runs, module):
+    """Outputs of `experiments.t2i_blocks run` as the commands write them, for both models, without any model."""
+    import json
+
+    attributes = ("all", "background", "shape", "colour", "size", "texture", "position")
+    for version in module.MODELS:
+        (runs / f"t2i-{version}-eval").mkdir(parents=True)
+        scores = {a: 1.0 for a in ("shape", "colour", "background", "position", "size", "texture", "all")}
+        (runs / f"t2i-{version}-eval" / "t2i_eval.json").write_text(json.dumps(
+            {"results": {"1": scores | {"n": 500}, "2": scores | {"n": 250}}}))
+        blocks = {}
+        for block in module.HOOKABLE:
+            drop = {a: 0.0 for a in attributes}
+            if block == "up_blocks.1.attentions.2" or (version == "v2" and block == "down_blocks.2.attentions.1"):
+                drop |= {"position": 0.5, "colour": 0.1}
+            blocks[block] = {"probe_accuracy": {a: 1 - drop[a] for a in attributes}, "drop": drop,
+                             "pixel_rmse": 3.0, "psnr": 38.6}
+        (runs / "t2i-blocks" / version).mkdir(parents=True)
+        (runs / "t2i-blocks" / version / "probes.json").write_text(json.dumps({
+            "n_images": 300, "block_probes": {b: {"colour": {"accuracy": 0.95, "chance": 0.15},
+                                                  "shape": {"accuracy": 0.3, "chance": 0.21}} for b in module.HOOKABLE},
+            "ablation": {"n_images": 200, "original": {a: 1.0 for a in attributes}, "blocks": blocks}}))
+        (runs / "riebench" / f"blocks-{version}").mkdir(parents=True)
+        by_block = [{"method": "activation-diff", "block": b, "change colour": "0.62 (k 2, m 1)", "move": "0",
+                     "add": "–", "all": "0.30 (k 2, m 1)"} for b in module.HOOKABLE]
+        (runs / "riebench" / f"blocks-{version}" / "report.json").write_text(json.dumps(
+            {"best_by_block": by_block, "best_by_method": [{"method": "prompt-swap"}, {"method": "activation-diff@x"}]}))
+
+
+def test_t2i_block_roles_report_names_what_each_block_carries_and_fills_only_its_readme_block(tmp_path, monkeypatch):
+    from argparse import Namespace
+
+    from experiments import t2i_blocks
+
+    monkeypatch.setattr(t2i_blocks, "REPO", tmp_path)
+    monkeypatch.setattr(t2i_blocks, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(t2i_blocks, "RESULTS", tmp_path)
+    with pytest.raises(FileNotFoundError, match="run `python -m experiments.t2i_blocks run`"):
+        t2i_blocks.collect()
+    _fake_block_runs(tmp_path / "runs", t2i_blocks)
+    data = t2i_blocks.collect()
+    assert t2i_blocks._carried(data["v2"]["ablation"], "down_blocks.2.attentions.1") == ["position"]  # 0.1: not
+    assert t2i_blocks._carried(data["v1"]["ablation"], "down_blocks.2.attentions.1") == []
+    # success >= 0.5 at the preservation threshold counts; "0" (nothing edited) and "–" (none preserved) do not
+    assert t2i_blocks._edited(data["v2"]["riebench_by_block"], "mid_block.attentions.0") == ["change colour"]
+    rows = {line.split(" | ")[0]: line for line in t2i_blocks.role_table(data).splitlines()[2:]}
+    assert "composition | nothing | change colour | position | change colour" in rows["| **down_blocks.2.attentions.1**"]
+    (tmp_path / "README.md").write_text("before\n<!-- t2i-v2-blocks -->\nstale figures\n<!-- /t2i-v2-blocks -->\nafter\n")
+    t2i_blocks.report(Namespace(readme=True))
+    t2i_blocks.report(Namespace(readme=True))  # idempotent
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("before\n<!-- t2i-v2-blocks -->\n") and readme.endswith("<!-- /t2i-v2-blocks -->\nafter\n")
+    assert "stale figures" not in readme and readme.count("| **mid_block.attentions.0** |") == 3  # roles, v2 and v1 RIEBench
+    assert (tmp_path / "t2i_blocks.json").exists() and (tmp_path / "t2i_blocks.md").exists()

@@ -1,0 +1,206 @@
+"""Which block of the embedded text-to-image model does what: v1 (the shipped `toy`) beside v2 (`toy-v2`, built
+in SDXL's proportions, issue 22) beside SDXL Turbo's block roles from the seed study.
+
+    python -m experiments.t2i_blocks run       # each step skipped when its output exists (about 1.5 h for v2's
+                                               # training, then about 40 min on two CPU cores)
+    python -m experiments.t2i_blocks report    # experiments/results/t2i_blocks.{json,md}; --readme: README's block
+
+Steps (`run`): train v2 by its recipe and install it (interp/zoo/weights/t2i-v2); the quality table of both
+(`python -m interp.zoo evaluate`, held-out captions); linear probes and ablations of every hookable block
+(`python -m saes probe --ablate-images 200`); RIEBench's shapes suite with activation-difference steering on each
+hookable block alone (`python -m riebench sweep --per-block`, no SAE needed, so both models are compared by the same
+method). The report reads those outputs under `runs/`; the JSON it commits holds every figure the tables show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "experiments" / "results"
+RUNS = REPO / "runs"
+MODELS = {"v1": "toy", "v2": "toy-v2"}
+HOOKABLE = ("down_blocks.1.attentions.0", "down_blocks.1.attentions.1", "down_blocks.2.attentions.0",
+            "down_blocks.2.attentions.1", "mid_block.attentions.0", "up_blocks.0.attentions.0",
+            "up_blocks.0.attentions.1", "up_blocks.0.attentions.2", "up_blocks.1.attentions.0",
+            "up_blocks.1.attentions.1", "up_blocks.1.attentions.2")
+# SDXL Turbo's block roles as the seed study found them (edits through each block), and the shapes world's
+# attributes and RIEBench categories that each role stands for here.
+SDXL_ROLES = {
+    "down_blocks.2.attentions.1": ("composition", ("position", "size"), ("add", "delete", "move")),
+    "mid_block.attentions.0": ("abstract (edits do little)", (), ()),
+    "up_blocks.0.attentions.0": ("local detail", ("texture", "shape"), ("texture", "shape")),
+    "up_blocks.0.attentions.1": ("colour and style", ("colour", "texture"), ("colour", "texture", "background")),
+}
+CARRIED_DROP = 0.2  # an ablation that makes the probe misread an attribute on this share of objects carries it
+V2_RECIPE = ["-m", "interp.zoo", "train", "t2i", "--config", "sdxl-proportions", "--vae-from", "interp/zoo/weights/t2i",
+             "--unet-steps", "4000", "--out", "runs/t2i-v2", "--threads", "2"]
+
+
+def _steps() -> list[tuple[Path, list[str]]]:
+    steps = [(RUNS / "t2i-v2" / "pipeline" / "model_index.json", V2_RECIPE)]
+    for version, model in MODELS.items():
+        steps += [
+            (RUNS / f"t2i-{version}-eval" / "t2i_eval.json",
+             ["-m", "interp.zoo", "evaluate", "--model", model, "--n", "500", "--out", f"runs/t2i-{version}-eval"]),
+            (RUNS / "t2i-blocks" / version / "probes.json",
+             ["-m", "saes", "probe", "--model", model, "--threads", "2", "--out", f"runs/t2i-blocks/{version}"]),
+            # the sweep resumes its finished tasks and writes its report (report.json) when done
+            (RUNS / "riebench" / f"blocks-{version}" / "report.json",
+             ["-m", "riebench", "sweep", "--model", model, "--methods", "activation-diff", "--k-trans", "2", "8",
+              "--m", "1", "2", "--per-block", "--blocks", *HOOKABLE, "--limit-per-category", "8", "--threads", "2",
+              "--out", f"runs/riebench/blocks-{version}"]),
+        ]
+    return steps
+
+
+def run(args) -> int:
+    installed = REPO / "interp" / "zoo" / "weights" / "t2i-v2"
+    for output, argv in _steps():
+        if output.exists():
+            print(f"have {output.relative_to(REPO)}: skipping python {' '.join(argv[:3])}")
+        else:
+            print("running: python " + " ".join(argv), flush=True)
+            subprocess.run([sys.executable, *argv], cwd=REPO, check=True)
+        if argv is V2_RECIPE and not (installed / "model_index.json").exists():
+            shutil.copytree(RUNS / "t2i-v2" / "pipeline", installed)  # the weights toy-v2 loads
+    return 0
+
+
+def _read(path: Path) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"{path.relative_to(REPO)} is missing: run `python -m experiments.t2i_blocks run`")
+    return json.loads(path.read_text())
+
+
+def collect() -> dict:
+    """Every figure the tables show, from the run outputs."""
+    data = {"models": MODELS, "sdxl_turbo_roles": {b: {"role": r, "attributes": list(a), "categories": list(c)}
+                                                  for b, (r, a, c) in SDXL_ROLES.items()},
+            "carried_drop": CARRIED_DROP, "recipe": "python " + " ".join(V2_RECIPE)}
+    for version in MODELS:
+        evaluation = _read(RUNS / f"t2i-{version}-eval" / "t2i_eval.json")["results"]
+        probes = _read(RUNS / "t2i-blocks" / version / "probes.json")
+        riebench = _read(RUNS / "riebench" / f"blocks-{version}" / "report.json")
+        data[version] = {
+            "quality": evaluation,
+            "probe_images": probes["n_images"],
+            "block_probes": {b: {a: e["accuracy"] for a, e in entry.items()} for b, entry in probes["block_probes"].items()},
+            "probe_chance": {a: e["chance"] for entry in probes["block_probes"].values() for a, e in entry.items()},
+            "ablation": probes["ablation"],
+            "riebench_by_block": {row["block"]: {k: v for k, v in row.items() if k not in ("method", "block")}
+                                  for row in riebench["best_by_block"]},
+            "riebench_all_blocks": next((row for row in riebench["best_by_method"] if row["method"] != "prompt-swap"),
+                                        None),
+        }
+    return data
+
+
+def _carried(ablation: dict, block: str) -> list[str]:
+    drop = ablation["blocks"][block]["drop"]
+    return [a for a in ("background", "shape", "colour", "size", "texture", "position") if drop[a] >= CARRIED_DROP]
+
+
+def _edited(by_block: dict, block: str) -> list[str]:
+    """Categories activation steering on this block alone edits at preservation >= 0.9 (success >= 0.5)."""
+    row = by_block.get(block, {})
+    return [c for c, text in row.items() if c != "all" and text not in ("0", "–") and float(text.split()[0]) >= 0.5]
+
+
+def quality_table(data: dict) -> str:
+    columns = ("shape", "colour", "background", "position", "size", "texture", "all")
+    lines = ["| model | objects | n | " + " | ".join(columns) + " |", "|---|---|---|" + "---:|" * len(columns)]
+    for version in MODELS:
+        for count, scores in data[version]["quality"].items():
+            lines.append(f"| {version} | {count} | {scores['n']} | " + " | ".join(f"{scores[c]:.3f}" for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def role_table(data: dict) -> str:
+    lines = ["| block | SDXL Turbo (seed study) | v1: ablating it breaks | v1: steering it edits | v2: ablating it breaks "
+             "| v2: steering it edits | v2: linear probe reads (>= 0.9) |", "|---|---|---|---|---|---|---|"]
+    for block in HOOKABLE:
+        role = SDXL_ROLES.get(block, ("-",))[0]
+        cells = []
+        for version in MODELS:
+            d = data[version]
+            cells += [", ".join(_carried(d["ablation"], block)) or "nothing",
+                      ", ".join(_edited(d["riebench_by_block"], block)) or "nothing"]
+        probes = data["v2"]["block_probes"].get(block, {})
+        read = ", ".join(f"{a} {v:.2f}" for a, v in probes.items() if v >= 0.9) or "-"
+        name = f"**{block}**" if block in SDXL_ROLES else block
+        lines.append(f"| {name} | {role} | " + " | ".join(cells) + f" | {read} |")
+    return "\n".join(lines) + "\n"
+
+
+def riebench_table(data: dict, version: str) -> str:
+    by_block = data[version]["riebench_by_block"]
+    categories = sorted({c for row in by_block.values() for c in row}, key=lambda c: (c == "all", c))
+    lines = ["| block | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
+    for block in HOOKABLE:
+        if block in by_block:
+            name = f"**{block}**" if block in SDXL_ROLES else block
+            lines.append(f"| {name} | " + " | ".join(by_block[block].get(c, "–") for c in categories) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def ablation_tables(data: dict) -> str:
+    from saes.fidelity import ablation_table
+
+    return "".join(f"\n{version} ({MODELS[version]}), {data[version]['ablation']['n_images']} generations:\n\n"
+                   + ablation_table(data[version]["ablation"], CARRIED_DROP) for version in MODELS)
+
+
+def markdown(data: dict) -> str:
+    return ("## Block roles: v1, v2 and SDXL Turbo\n\n"
+            "Quality on held-out captions (`python -m interp.zoo evaluate --n 500`):\n\n" + quality_table(data)
+            + f"\nWhat each block does (ablation: the probe misreads an attribute on >= {CARRIED_DROP:g} of objects; "
+            "steering: activation-difference edits through that block alone succeed on >= 0.5 of a category's tasks "
+            "at preservation >= 0.9; bold: SDXL's four analysed blocks):\n\n" + role_table(data)
+            + "\nRIEBench per block, v2 (best success at preservation >= 0.9, k_trans and m in brackets):\n\n"
+            + riebench_table(data, "v2") + "\nThe same for v1:\n\n" + riebench_table(data, "v1")
+            + "\nAblations:\n" + ablation_tables(data))
+
+
+README_MARKERS = ("<!-- t2i-v2-blocks -->", "<!-- /t2i-v2-blocks -->")
+
+
+def report(args) -> int:
+    data = collect()
+    md = markdown(data)
+    (RESULTS / "t2i_blocks.json").write_text(json.dumps(data, indent=2) + "\n")
+    (RESULTS / "t2i_blocks.md").write_text(md)
+    print(md, end="")
+    if args.readme:
+        readme = REPO / "README.md"
+        text = readme.read_text()
+        start, end = README_MARKERS
+        if start not in text or end not in text:
+            raise ValueError(f"README.md has no {start} ... {end} block to fill")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        body = "\n".join(line for line in md.splitlines()[2:])  # without the heading
+        readme.write_text(f"{head}{start}\n{body.strip()}\n{end}{tail}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.t2i_blocks", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("run", help="train, evaluate, probe and sweep what is missing under runs/").set_defaults(run=run)
+    rep = commands.add_parser("report", help="experiments/results/t2i_blocks.{json,md} from the runs")
+    rep.add_argument("--readme", action="store_true", help="also fill README's t2i-v2-blocks block")
+    rep.set_defaults(run=report)
+    args = parser.parse_args(argv)
+    from interp.cli import run_command
+
+    return run_command(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
