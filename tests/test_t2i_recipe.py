@@ -1,5 +1,6 @@
 import argparse
 import json
+import re
 
 import pytest
 
@@ -166,6 +167,11 @@ def test_the_sdxl_proportions_config_puts_most_transformer_layers_at_the_lowest_
     assert v2["down_blocks.1.attentions.1"] == v2["up_blocks.1.attentions.2"] == 2  # SDXL: 2 at its middle level
     assert v2["down_blocks.2.attentions.1"] == v2["mid_block.attentions.0"] == v2["up_blocks.0.attentions.1"] == 6
     assert T2I_CONFIGS["sdxl-proportions"].unet_channels == T2I_CONFIGS["v1"].unet_channels  # doubling per level
+    blocks_only = build_pipeline(t2i_config("sdxl-blocks-only"), tmp_path / "tokenizer").unet
+    attentions = {name for name, _ in blocks_only.named_modules()
+                  if re.fullmatch(r"(down_blocks\.\d|up_blocks\.\d|mid_block)\.attentions\.\d", name)}
+    assert attentions == {"down_blocks.2.attentions.0", "down_blocks.2.attentions.1", "mid_block.attentions.0",
+                          "up_blocks.0.attentions.0", "up_blocks.0.attentions.1", "up_blocks.0.attentions.2"}
     with pytest.raises(ValueError, match="unknown model configuration 'sdxl'.*v1, sdxl-proportions"):
         t2i_config("sdxl")
     parser = argparse.ArgumentParser()

@@ -46,6 +46,8 @@ class T2IConfig:
     unet_heads: tuple[int, int, int] = (1, 2, 4)
     # Transformer layers in each attention of a level (the first level has none, as in SDXL). SDXL: (1, 2, 10).
     unet_transformer_layers: tuple[int, int, int] = (1, 1, 1)
+    # Which levels have attention (self and cross) at all; SDXL's first has none. Without it a level is resnets only.
+    unet_attention: tuple[bool, bool, bool] = (False, True, True)
     time_embed: int = 8  # per added-time number (SDXL: 256)
     # Scheduler: the largest noise level carries no signal, as one-step generation starts from pure noise.
     zero_terminal_snr: bool = True
@@ -63,6 +65,10 @@ T2I_CONFIGS = {
     # layers sit at the lowest resolution as in SDXL's (1, 2, 10): 2 layers at 16 x 16, 6 at 8 x 8 (fewer than
     # SDXL's 10 to keep the recipe within about 3 hours on two CPU cores; README, "v2").
     "sdxl-proportions": T2IConfig(unet_transformer_layers=(1, 2, 6)),
+    # v3 candidate: v2 with attention, and so the prompt's tokens, only at 8 x 8, in SDXL's four analysed blocks
+    # and their neighbours (the 16 x 16 level keeps its resnets, which see the pooled text through the time
+    # embedding): v2 drew everything in its last 16 x 16 attention (README, "v2").
+    "sdxl-blocks-only": T2IConfig(unet_transformer_layers=(1, 2, 6), unet_attention=(False, False, True)),
 }
 
 
@@ -151,8 +157,8 @@ def build_pipeline(config: T2IConfig, tokenizer_dir: Path):
     unet = UNet2DConditionModel(
         sample_size=config.image_size // 2 ** (len(config.vae_channels) - 1),
         in_channels=config.latent_channels, out_channels=config.latent_channels,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        down_block_types=tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in config.unet_attention),
+        up_block_types=tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(config.unet_attention)),
         mid_block_type="UNetMidBlock2DCrossAttn",
         block_out_channels=config.unet_channels, layers_per_block=2,
         transformer_layers_per_block=tuple(config.unet_transformer_layers), attention_head_dim=config.unet_heads,

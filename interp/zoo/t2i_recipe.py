@@ -459,7 +459,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--save-to", default=None, help="where to save the final pipeline (default OUT/pipeline)")
     parser.add_argument("--config", default="v1", choices=sorted(T2I_CONFIGS),
                         help="the model's sizes (interp.zoo.t2i.T2I_CONFIGS): v1, the shipped toy; sdxl-proportions, "
-                             "most transformer layers at the lowest resolution as in SDXL")
+                             "most transformer layers at the lowest resolution as in SDXL (toy-v2); sdxl-blocks-only, "
+                             "the same with attention only at 8 x 8")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scenes", type=int, default=RecipeConfig.n_scenes)
     parser.add_argument("--vae-steps", type=int, default=RecipeConfig.vae_steps)
