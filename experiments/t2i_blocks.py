@@ -171,10 +171,12 @@ README_MARKERS = ("<!-- t2i-v2-blocks -->", "<!-- /t2i-v2-blocks -->")
 
 
 def report(args) -> int:
+    from interp.atomic import atomic_write_text
+
     data = collect()
     md = markdown(data)
-    (RESULTS / "t2i_blocks.json").write_text(json.dumps(data, indent=2) + "\n")
-    (RESULTS / "t2i_blocks.md").write_text(md)
+    atomic_write_text(RESULTS / "t2i_blocks.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
+    atomic_write_text(RESULTS / "t2i_blocks.md", md)
     print(md, end="")
     if args.readme:
         readme = REPO / "README.md"
@@ -185,7 +187,7 @@ def report(args) -> int:
         head, rest = text.split(start, 1)
         _, tail = rest.split(end, 1)
         body = "\n".join(line for line in md.splitlines()[2:])  # without the heading
-        readme.write_text(f"{head}{start}\n{body.strip()}\n{end}{tail}")
+        atomic_write_text(readme, f"{head}{start}\n{body.strip()}\n{end}{tail}")
     return 0
 
 
