@@ -44,6 +44,44 @@ def _world_scenes(prompts: list[str]) -> tuple[object, list] | None:
     return truth, scenes
 
 
+def _compare_variants(model, edits: dict, prompts: list[str], seeds: list[int], steps, guidance, batch_size: int,
+                      saes: dict | None, world, desc: str, progress: bool) -> tuple[dict, dict]:
+    """Generate `prompts` unedited ("original") and under each named list of edits, with the same seeds.
+    Returns (per variant the RMS pixel distance to the original of every image, per variant and attribute the
+    world's probe score of every image, or {} without a world)."""
+    from tqdm import tqdm
+
+    from interp.hooks import apply_edits
+
+    reader, scenes = (world[0].probe(), world[1]) if world is not None else (None, None)
+    distances = {name: {"pixel_mae": [], "pixel_rmse": []} for name in edits}
+    scores = {name: {a: [] for a in PROBE_ATTRIBUTES} for name in ["original", *edits]} if reader else {}
+    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", disable=not progress):
+        chunk, chunk_seeds = prompts[start:start + batch_size], seeds[start:start + batch_size]
+        generated = {"original": _images(model, chunk, chunk_seeds, steps, guidance)}
+        original = generated["original"].astype(np.float64)
+        for name, variant_edits in edits.items():
+            with apply_edits(model, variant_edits, saes=saes):
+                generated[name] = _images(model, chunk, chunk_seeds, steps, guidance)
+            diff = generated[name].astype(np.float64) - original
+            distances[name]["pixel_mae"] += np.abs(diff).mean(axis=(1, 2, 3)).tolist()
+            distances[name]["pixel_rmse"] += np.sqrt((diff ** 2).mean(axis=(1, 2, 3))).tolist()
+        if reader is not None:
+            for name, images in generated.items():
+                for image, scene in zip(images, scenes[start:start + batch_size]):
+                    score = reader.score(image, scene)
+                    for attribute in PROBE_ATTRIBUTES:
+                        scores[name][attribute].append(score[attribute])
+    return distances, scores
+
+
+def _check_seeds(prompts: list[str], seeds: list[int] | None) -> list[int]:
+    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    return seeds
+
+
 @torch.no_grad()
 def splice_fidelity(model, sae, block: str, prompts: list[str], seeds: list[int] | None = None,
                     steps: int | None = None, guidance: float | None = None, batch_size: int = 16,
@@ -54,51 +92,26 @@ def splice_fidelity(model, sae, block: str, prompts: list[str], seeds: list[int]
     caption of the world). Returns JSON data: per variant the pixel distances to the
     original (mean over images) and, with the probe, attribute accuracy (mean over images).
     """
-    from tqdm import tqdm
-
     from interp.edits import Edit
-    from interp.hooks import apply_edits
 
     if not prompts:
         raise ValueError("splice fidelity needs at least one prompt")
-    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
-    if len(seeds) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    seeds = _check_seeds(prompts, seeds)
     world = _world_scenes(prompts) if probe in (None, True) else None
     if probe and world is None:
         raise ValueError("the probe reads only captions of the shapes world; some prompts are not")
-    reader, scenes = (world[0].probe(), world[1]) if world is not None else (None, None)
-    edits = {"splice": Edit(block=block, mode="splice", keep_error=False),
-             "splice_with_error": Edit(block=block, mode="splice", keep_error=True),
-             "ablate": Edit(block=block, mode="ablate")}
-    saes = {block: sae}
-    distances = {v: {"pixel_mae": [], "pixel_rmse": []} for v in VARIANTS[1:]}
-    scores = {v: {a: [] for a in PROBE_ATTRIBUTES} for v in VARIANTS}
-    for start in tqdm(range(0, len(prompts), batch_size), desc=f"splice fidelity {block}", unit="batch",
-                      disable=not progress):
-        chunk, chunk_seeds = prompts[start:start + batch_size], seeds[start:start + batch_size]
-        generated = {"original": _images(model, chunk, chunk_seeds, steps, guidance)}
-        for variant, edit in edits.items():
-            with apply_edits(model, [edit], saes=saes):
-                generated[variant] = _images(model, chunk, chunk_seeds, steps, guidance)
-        original = generated["original"].astype(np.float64)
-        for variant in VARIANTS[1:]:
-            diff = generated[variant].astype(np.float64) - original
-            distances[variant]["pixel_mae"] += np.abs(diff).mean(axis=(1, 2, 3)).tolist()
-            distances[variant]["pixel_rmse"] += np.sqrt((diff ** 2).mean(axis=(1, 2, 3))).tolist()
-        if reader is not None:
-            for variant in VARIANTS:
-                for image, scene in zip(generated[variant], scenes[start:start + batch_size]):
-                    score = reader.score(image, scene)
-                    for attribute in PROBE_ATTRIBUTES:
-                        scores[variant][attribute].append(score[attribute])
-    result = {"block": block, "n_images": len(prompts), "probe": reader is not None, "variants": {}}
+    edits = {"splice": [Edit(block=block, mode="splice", keep_error=False)],
+             "splice_with_error": [Edit(block=block, mode="splice", keep_error=True)],
+             "ablate": [Edit(block=block, mode="ablate")]}
+    distances, scores = _compare_variants(model, edits, prompts, seeds, steps, guidance, batch_size, {block: sae},
+                                          world, f"splice fidelity {block}", progress)
+    result = {"block": block, "n_images": len(prompts), "probe": world is not None, "variants": {}}
     for variant in VARIANTS:
         entry = {}
         if variant != "original":
             mae, rmse = float(np.mean(distances[variant]["pixel_mae"])), float(np.mean(distances[variant]["pixel_rmse"]))
             entry.update(pixel_mae=mae, pixel_rmse=rmse, psnr=_psnr(rmse))
-        if reader is not None:
+        if world is not None:
             entry["probe_accuracy"] = {a: float(np.mean(v)) for a, v in scores[variant].items()}
         result["variants"][variant] = entry
     return result
@@ -115,43 +128,22 @@ def block_ablations(model, blocks: list[str], prompts: list[str], seeds: list[in
     images' accuracy, the drop from the original per attribute and the pixel distance to the original. A block
     *carries* an attribute when ablating it makes the probe misread it; accuracy is over every object (and the
     background), so a drop of 0.5 means half of them changed. Only captions of a world with ground truth."""
-    from tqdm import tqdm
-
     from interp.edits import Edit
-    from interp.hooks import apply_edits
 
     if not prompts or not blocks:
         raise ValueError("block ablations need at least one prompt and one block")
-    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
-    if len(seeds) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+    seeds = _check_seeds(prompts, seeds)
     world = _world_scenes(prompts)
     if world is None:
         raise ValueError("block ablations are read by a world's probe; some prompts are not captions of one")
-    reader, scenes = world[0].probe(), world[1]
-    scores = {name: {a: [] for a in PROBE_ATTRIBUTES} for name in ["original", *blocks]}
-    distances = {block: [] for block in blocks}
-    starts = range(0, len(prompts), batch_size)
-    for start in tqdm(starts, desc="block ablations", unit="batch", disable=not progress):
-        chunk, chunk_seeds = prompts[start:start + batch_size], seeds[start:start + batch_size]
-        chunk_scenes = scenes[start:start + batch_size]
-        original = _images(model, chunk, chunk_seeds, steps, guidance)
-        generated = {"original": original}
-        for block in blocks:
-            with apply_edits(model, [Edit(block=block, mode="ablate")]):
-                generated[block] = _images(model, chunk, chunk_seeds, steps, guidance)
-            diff = generated[block].astype(np.float64) - original.astype(np.float64)
-            distances[block] += np.sqrt((diff ** 2).mean(axis=(1, 2, 3))).tolist()
-        for name, images in generated.items():
-            for image, scene in zip(images, chunk_scenes):
-                score = reader.score(image, scene)
-                for attribute in PROBE_ATTRIBUTES:
-                    scores[name][attribute].append(score[attribute])
+    edits = {block: [Edit(block=block, mode="ablate")] for block in blocks}
+    distances, scores = _compare_variants(model, edits, prompts, seeds, steps, guidance, batch_size, None, world,
+                                          "block ablations", progress)
     accuracy = {name: {a: float(np.mean(v)) for a, v in by.items()} for name, by in scores.items()}
     original = accuracy.pop("original")
     result = {"n_images": len(prompts), "original": original, "blocks": {}}
     for block in blocks:
-        rmse = float(np.mean(distances[block]))
+        rmse = float(np.mean(distances[block]["pixel_rmse"]))
         result["blocks"][block] = {"probe_accuracy": accuracy[block],
                                    "drop": {a: original[a] - accuracy[block][a] for a in PROBE_ATTRIBUTES},
                                    "pixel_rmse": rmse, "psnr": _psnr(rmse)}
