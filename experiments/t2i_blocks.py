@@ -1,15 +1,19 @@
 """Which block of the embedded text-to-image model does what: v1 (the shipped `toy`) beside v2 (`toy-v2`, built
-in SDXL's proportions, issue 22) beside SDXL Turbo's block roles from the seed study.
+in SDXL's proportions, issue 22) and v3 (`toy-v3`, the same with attention only at 8 x 8) beside SDXL Turbo's block
+roles from the seed study.
 
-    python -m experiments.t2i_blocks run       # each step skipped when its output exists (about 1.5 h for v2's
-                                               # training, then about 40 min on two CPU cores)
+    python -m experiments.t2i_blocks run       # each step skipped when its output exists (about 1.5 h per
+                                               # model's training, then about 40 min per model on two CPU cores)
+    python -m experiments.t2i_blocks run --models v3   # only some models
     python -m experiments.t2i_blocks report    # experiments/results/t2i_blocks.{json,md}; --readme: README's block
 
-Steps (`run`): train v2 by its recipe and install it (interp/zoo/weights/t2i-v2); the quality table of both
-(`python -m interp.zoo evaluate`, held-out captions); linear probes and ablations of every hookable block
-(`python -m saes probe --ablate-images 200`); RIEBench's shapes suite with activation-difference steering on each
-hookable block alone (`python -m riebench sweep --per-block`, no SAE needed, so both models are compared by the same
-method). The report reads those outputs under `runs/`; the JSON it commits holds every figure the tables show.
+Steps (`run`): train v2 and v3 by their recipes and install them (interp/zoo/weights/t2i-v2, t2i-v3); the quality
+table of each model (`python -m interp.zoo evaluate`, held-out captions); linear probes and ablations of every
+hookable block (`python -m saes probe --ablate-images 200`); RIEBench's shapes suite with activation-difference
+steering on each hookable block alone (`python -m riebench sweep --per-block`, no SAE needed, so the models are
+compared by the same method). The report reads those outputs under `runs/`; the JSON it commits holds every figure
+the tables show, and a model whose outputs are not under `runs/` (a fresh clone) keeps its committed figures, its
+`source` saying so.
 """
 
 from __future__ import annotations
@@ -24,11 +28,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 RUNS = REPO / "runs"
-MODELS = {"v1": "toy", "v2": "toy-v2"}
+MODELS = {"v1": "toy", "v2": "toy-v2", "v3": "toy-v3"}
 HOOKABLE = ("down_blocks.1.attentions.0", "down_blocks.1.attentions.1", "down_blocks.2.attentions.0",
             "down_blocks.2.attentions.1", "mid_block.attentions.0", "up_blocks.0.attentions.0",
             "up_blocks.0.attentions.1", "up_blocks.0.attentions.2", "up_blocks.1.attentions.0",
             "up_blocks.1.attentions.1", "up_blocks.1.attentions.2")
+# v3 has transformer blocks only at 8 x 8 (`--config sdxl-blocks-only`)
+BLOCKS = {"v1": HOOKABLE, "v2": HOOKABLE,
+          "v3": tuple(b for b in HOOKABLE if b.startswith(("down_blocks.2.", "mid_block.", "up_blocks.0.")))}
 # SDXL Turbo's block roles as the seed study found them (edits through each block), and the shapes world's
 # attributes and RIEBench categories that each role stands for here.
 SDXL_ROLES = {
@@ -38,13 +45,18 @@ SDXL_ROLES = {
     "up_blocks.0.attentions.1": ("colour and style", ("colour", "texture"), ("colour", "texture", "background")),
 }
 CARRIED_DROP = 0.2  # an ablation that makes the probe misread an attribute on this share of objects carries it
-V2_RECIPE = ["-m", "interp.zoo", "train", "t2i", "--config", "sdxl-proportions", "--vae-from", "interp/zoo/weights/t2i",
-             "--unet-steps", "4000", "--out", "runs/t2i-v2", "--threads", "2"]
+# the trained models' recipes (v1's is the embedded `toy`'s own, README)
+RECIPES = {version: ["-m", "interp.zoo", "train", "t2i", "--config", config, "--vae-from", "interp/zoo/weights/t2i",
+                     "--unet-steps", "4000", "--out", f"runs/t2i-{version}", "--threads", "2"]
+           for version, config in (("v2", "sdxl-proportions"), ("v3", "sdxl-blocks-only"))}
 
 
-def _steps() -> list[tuple[Path, list[str]]]:
-    steps = [(RUNS / "t2i-v2" / "pipeline" / "model_index.json", V2_RECIPE)]
-    for version, model in MODELS.items():
+def _steps(versions) -> list[tuple[Path, list[str]]]:
+    steps = []
+    for version in versions:
+        model = MODELS[version]
+        if version in RECIPES:
+            steps.append((RUNS / f"t2i-{version}" / "pipeline" / "model_index.json", RECIPES[version]))
         steps += [
             (RUNS / f"t2i-{version}-eval" / "t2i_eval.json",
              ["-m", "interp.zoo", "evaluate", "--model", model, "--n", "500", "--out", f"runs/t2i-{version}-eval"]),
@@ -53,22 +65,23 @@ def _steps() -> list[tuple[Path, list[str]]]:
             # the sweep resumes its finished tasks and writes its report (report.json) when done
             (RUNS / "riebench" / f"blocks-{version}" / "report.json",
              ["-m", "riebench", "sweep", "--model", model, "--methods", "activation-diff", "--k-trans", "2", "8",
-              "--m", "1", "2", "--per-block", "--blocks", *HOOKABLE, "--limit-per-category", "8", "--threads", "2",
+              "--m", "1", "2", "--per-block", "--blocks", *BLOCKS[version], "--limit-per-category", "8", "--threads", "2",
               "--out", f"runs/riebench/blocks-{version}"]),
         ]
     return steps
 
 
 def run(args) -> int:
-    installed = REPO / "interp" / "zoo" / "weights" / "t2i-v2"
-    for output, argv in _steps():
+    for output, argv in _steps(args.models):
         if output.exists():
             print(f"have {output.relative_to(REPO)}: skipping python {' '.join(argv[:3])}")
         else:
             print("running: python " + " ".join(argv), flush=True)
             subprocess.run([sys.executable, *argv], cwd=REPO, check=True)
-        if argv is V2_RECIPE and not (installed / "model_index.json").exists():
-            shutil.copytree(RUNS / "t2i-v2" / "pipeline", installed)  # the weights toy-v2 loads
+        for version, recipe in RECIPES.items():
+            installed = REPO / "interp" / "zoo" / "weights" / f"t2i-{version}"
+            if argv is recipe and not (installed / "model_index.json").exists():
+                shutil.copytree(RUNS / f"t2i-{version}" / "pipeline", installed)  # the weights it loads by name
     return 0
 
 
@@ -78,16 +91,28 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _outputs(version: str) -> list[Path]:
+    return [RUNS / f"t2i-{version}-eval" / "t2i_eval.json", RUNS / "t2i-blocks" / version / "probes.json",
+            RUNS / "riebench" / f"blocks-{version}" / "report.json"]
+
+
 def collect() -> dict:
-    """Every figure the tables show, from the run outputs."""
+    """Every figure the tables show, from the run outputs; a model with none of its outputs under runs/ keeps the
+    figures committed in experiments/results/t2i_blocks.json (its `source` says which)."""
     data = {"models": MODELS, "sdxl_turbo_roles": {b: {"role": r, "attributes": list(a), "categories": list(c)}
                                                   for b, (r, a, c) in SDXL_ROLES.items()},
-            "carried_drop": CARRIED_DROP, "recipe": "python " + " ".join(V2_RECIPE)}
+            "carried_drop": CARRIED_DROP, "recipes": {v: "python " + " ".join(r) for v, r in RECIPES.items()}}
+    committed_path = RESULTS / "t2i_blocks.json"
+    committed = json.loads(committed_path.read_text()) if committed_path.exists() else {}
     for version in MODELS:
+        if not any(path.exists() for path in _outputs(version)) and version in committed:
+            data[version] = committed[version] | {"source": "committed experiments/results/t2i_blocks.json"}
+            continue
         evaluation = _read(RUNS / f"t2i-{version}-eval" / "t2i_eval.json")["results"]
         probes = _read(RUNS / "t2i-blocks" / version / "probes.json")
         riebench = _read(RUNS / "riebench" / f"blocks-{version}" / "report.json")
         data[version] = {
+            "source": "runs/ outputs of `python -m experiments.t2i_blocks run`",
             "quality": evaluation,
             "probe_images": probes["n_images"],
             "block_probes": {b: {a: e["accuracy"] for a, e in entry.items()} for b, entry in probes["block_probes"].items()},
@@ -121,20 +146,38 @@ def quality_table(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _name(block: str) -> str:
+    return f"**{block}**" if block in SDXL_ROLES else block
+
+
 def role_table(data: dict) -> str:
-    lines = ["| block | SDXL Turbo (seed study) | v1: ablating it breaks | v1: steering it edits | v2: ablating it breaks "
-             "| v2: steering it edits | v2: linear probe reads (>= 0.9) |", "|---|---|---|---|---|---|---|"]
+    header = "| block | SDXL Turbo (seed study) | " + " | ".join(
+        f"{v}: ablating it breaks | {v}: steering it edits" for v in MODELS) + " |"
+    lines = [header, "|---|---|" + "---|---|" * len(MODELS)]
     for block in HOOKABLE:
         role = SDXL_ROLES.get(block, ("-",))[0]
         cells = []
         for version in MODELS:
             d = data[version]
+            if block not in d["ablation"]["blocks"]:
+                cells += ["(no such block)"] * 2
+                continue
             cells += [", ".join(_carried(d["ablation"], block)) or "nothing",
                       ", ".join(_edited(d["riebench_by_block"], block)) or "nothing"]
-        probes = data["v2"]["block_probes"].get(block, {})
-        read = ", ".join(f"{a} {v:.2f}" for a, v in probes.items() if v >= 0.9) or "-"
-        name = f"**{block}**" if block in SDXL_ROLES else block
-        lines.append(f"| {name} | {role} | " + " | ".join(cells) + f" | {read} |")
+        lines.append(f"| {_name(block)} | {role} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def probe_table(data: dict) -> str:
+    """The attributes a linear probe of each block's update reads at >= 0.9 accuracy, per model."""
+    lines = ["| block | " + " | ".join(MODELS) + " |", "|---|" + "---|" * len(MODELS)]
+    for block in HOOKABLE:
+        cells = []
+        for version in MODELS:
+            probes = data[version]["block_probes"].get(block)
+            cells.append("(no such block)" if probes is None else
+                         ", ".join(f"{a} {v:.2f}" for a, v in probes.items() if v >= 0.9) or "-")
+        lines.append(f"| {_name(block)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -144,8 +187,7 @@ def riebench_table(data: dict, version: str) -> str:
     lines = ["| block | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
     for block in HOOKABLE:
         if block in by_block:
-            name = f"**{block}**" if block in SDXL_ROLES else block
-            lines.append(f"| {name} | " + " | ".join(by_block[block].get(c, "–") for c in categories) + " |")
+            lines.append(f"| {_name(block)} | " + " | ".join(by_block[block].get(c, "–") for c in categories) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -157,14 +199,16 @@ def ablation_tables(data: dict) -> str:
 
 
 def markdown(data: dict) -> str:
-    return ("## Block roles: v1, v2 and SDXL Turbo\n\n"
+    riebench = "".join(f"\nRIEBench per block, {version} (best success at preservation >= 0.9, k_trans and m in "
+                       f"brackets):\n\n" + riebench_table(data, version) for version in reversed(MODELS))
+    return ("## Block roles: " + ", ".join(MODELS) + " and SDXL Turbo\n\n"
             "Quality on held-out captions (`python -m interp.zoo evaluate --n 500`):\n\n" + quality_table(data)
             + f"\nWhat each block does (ablation: the probe misreads an attribute on >= {CARRIED_DROP:g} of objects; "
             "steering: activation-difference edits through that block alone succeed on >= 0.5 of a category's tasks "
             "at preservation >= 0.9; bold: SDXL's four analysed blocks):\n\n" + role_table(data)
-            + "\nRIEBench per block, v2 (best success at preservation >= 0.9, k_trans and m in brackets):\n\n"
-            + riebench_table(data, "v2") + "\nThe same for v1:\n\n" + riebench_table(data, "v1")
-            + "\nAblations:\n" + ablation_tables(data))
+            + "\nWhat a linear probe of each block's update reads (accuracy >= 0.9):\n\n" + probe_table(data)
+            + riebench + "\nAblations:\n" + ablation_tables(data)
+            + "\nSources: " + "; ".join(f"{v}: {data[v]['source']}" for v in MODELS) + ".\n")
 
 
 README_MARKERS = ("<!-- t2i-v2-blocks -->", "<!-- /t2i-v2-blocks -->")
@@ -194,7 +238,10 @@ def report(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.t2i_blocks", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("run", help="train, evaluate, probe and sweep what is missing under runs/").set_defaults(run=run)
+    run_parser = commands.add_parser("run", help="train, evaluate, probe and sweep what is missing under runs/")
+    run_parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS),
+                            help="the models to run (default: all)")
+    run_parser.set_defaults(run=run)
     rep = commands.add_parser("report", help="experiments/results/t2i_blocks.{json,md} from the runs")
     rep.add_argument("--readme", action="store_true", help="also fill README's t2i-v2-blocks block")
     rep.set_defaults(run=report)

@@ -240,7 +240,7 @@ def _fake_block_runs(runs, module):
         (runs / f"t2i-{version}-eval" / "t2i_eval.json").write_text(json.dumps(
             {"results": {"1": scores | {"n": 500}, "2": scores | {"n": 250}}}))
         blocks = {}
-        for block in module.HOOKABLE:
+        for block in module.BLOCKS[version]:
             drop = {a: 0.0 for a in attributes}
             if block == "up_blocks.1.attentions.2" or (version == "v2" and block == "down_blocks.2.attentions.1"):
                 drop |= {"position": 0.5, "colour": 0.1}
@@ -249,11 +249,11 @@ def _fake_block_runs(runs, module):
         (runs / "t2i-blocks" / version).mkdir(parents=True)
         (runs / "t2i-blocks" / version / "probes.json").write_text(json.dumps({
             "n_images": 300, "block_probes": {b: {"colour": {"accuracy": 0.95, "chance": 0.15},
-                                                  "shape": {"accuracy": 0.3, "chance": 0.21}} for b in module.HOOKABLE},
+                                                  "shape": {"accuracy": 0.3, "chance": 0.21}} for b in module.BLOCKS[version]},
             "ablation": {"n_images": 200, "original": {a: 1.0 for a in attributes}, "blocks": blocks}}))
         (runs / "riebench" / f"blocks-{version}").mkdir(parents=True)
         by_block = [{"method": "activation-diff", "block": b, "change colour": "0.62 (k 2, m 1)", "move": "0",
-                     "add": "–", "all": "0.30 (k 2, m 1)"} for b in module.HOOKABLE]
+                     "add": "–", "all": "0.30 (k 2, m 1)"} for b in module.BLOCKS[version]]
         (runs / "riebench" / f"blocks-{version}" / "report.json").write_text(json.dumps(
             {"best_by_block": by_block, "best_by_method": [{"method": "prompt-swap"}, {"method": "activation-diff@x"}]}))
 
@@ -276,10 +276,21 @@ def test_t2i_block_roles_report_names_what_each_block_carries_and_fills_only_its
     assert t2i_blocks._edited(data["v2"]["riebench_by_block"], "mid_block.attentions.0") == ["change colour"]
     rows = {line.split(" | ")[0]: line for line in t2i_blocks.role_table(data).splitlines()[2:]}
     assert "composition | nothing | change colour | position | change colour" in rows["| **down_blocks.2.attentions.1**"]
+    # v3 has no transformer blocks at 16 x 16: its cells say so rather than "nothing"
+    assert rows["| up_blocks.1.attentions.2"].endswith("| (no such block) | (no such block) |")
     (tmp_path / "README.md").write_text("before\n<!-- t2i-v2-blocks -->\nstale figures\n<!-- /t2i-v2-blocks -->\nafter\n")
     t2i_blocks.report(Namespace(readme=True))
     t2i_blocks.report(Namespace(readme=True))  # idempotent
     readme = (tmp_path / "README.md").read_text()
     assert readme.startswith("before\n<!-- t2i-v2-blocks -->\n") and readme.endswith("<!-- /t2i-v2-blocks -->\nafter\n")
-    assert "stale figures" not in readme and readme.count("| **mid_block.attentions.0** |") == 3  # roles, v2 and v1 RIEBench
+    # roles, probes, and the RIEBench table of each model
+    assert "stale figures" not in readme and readme.count("| **mid_block.attentions.0** |") == 2 + len(t2i_blocks.MODELS)
     assert (tmp_path / "t2i_blocks.json").exists() and (tmp_path / "t2i_blocks.md").exists()
+    # a fresh clone has no runs/: a model without outputs keeps its committed figures, and says where they are from
+    import shutil
+
+    for path in t2i_blocks._outputs("v1"):
+        shutil.rmtree(path.parent)
+    again = t2i_blocks.collect()
+    assert again["v1"]["source"].startswith("committed") and again["v2"]["source"].startswith("runs/")
+    assert again["v1"]["ablation"] == data["v1"]["ablation"]
