@@ -28,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 RUNS = REPO / "runs"
+WEIGHTS = REPO / "interp" / "zoo" / "weights"
 MODELS = {"v1": "toy", "v2": "toy-v2", "v3": "toy-v3"}
 HOOKABLE = ("down_blocks.1.attentions.0", "down_blocks.1.attentions.1", "down_blocks.2.attentions.0",
             "down_blocks.2.attentions.1", "mid_block.attentions.0", "up_blocks.0.attentions.0",
@@ -55,8 +56,8 @@ def _steps(versions) -> list[tuple[Path, list[str]]]:
     steps = []
     for version in versions:
         model = MODELS[version]
-        if version in RECIPES:
-            steps.append((RUNS / f"t2i-{version}" / "pipeline" / "model_index.json", RECIPES[version]))
+        if version in RECIPES:  # done once its weights are installed (committed), wherever they were trained
+            steps.append((WEIGHTS / f"t2i-{version}" / "model_index.json", RECIPES[version]))
         steps += [
             (RUNS / f"t2i-{version}-eval" / "t2i_eval.json",
              ["-m", "interp.zoo", "evaluate", "--model", model, "--n", "500", "--out", f"runs/t2i-{version}-eval"]),
@@ -78,10 +79,8 @@ def run(args) -> int:
         else:
             print("running: python " + " ".join(argv), flush=True)
             subprocess.run([sys.executable, *argv], cwd=REPO, check=True)
-        for version, recipe in RECIPES.items():
-            installed = REPO / "interp" / "zoo" / "weights" / f"t2i-{version}"
-            if argv is recipe and not (installed / "model_index.json").exists():
-                shutil.copytree(RUNS / f"t2i-{version}" / "pipeline", installed)  # the weights it loads by name
+            if output.parent.parent == WEIGHTS:  # a recipe: install the pipeline it trained as the weights loaded by name
+                shutil.copytree(RUNS / output.parent.name / "pipeline", output.parent)
     return 0
 
 

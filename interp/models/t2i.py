@@ -41,9 +41,8 @@ KNOWN_MODELS = {
     "toy": KnownModel(str(WEIGHTS_DIR / "t2i"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     # v2 (issue 22): SDXL's proportions, most transformer layers at 8 x 8 (`--config sdxl-proportions`)
     "toy-v2": KnownModel(str(WEIGHTS_DIR / "t2i-v2"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
-    # v3 (issue 22): v2 with transformer blocks only at 8 x 8 (`--config sdxl-blocks-only`); its analysed blocks
-    # are TOY_BLOCKS filtered to the ones it has, SDXL's four
-    "toy-v3": KnownModel(str(WEIGHTS_DIR / "t2i-v3"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
+    # v3 (issue 22): v2 with transformer blocks only at 8 x 8 (`--config sdxl-blocks-only`), so SDXL's four
+    "toy-v3": KnownModel(str(WEIGHTS_DIR / "t2i-v3"), 1, 0.0, embedded=True, blocks=SDXL_BLOCKS, world="shapes"),
     "sdxl-turbo": KnownModel("stabilityai/sdxl-turbo", 1, 0.0),
     "sdxl-base": KnownModel("stabilityai/stable-diffusion-xl-base-1.0", 30, 5.0),
 }

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # How the SAEs in this directory were made (about 15 minutes on 2 CPU cores, and the causal label scores' 13); run from the repository root.
-# Collect the six analysed blocks of the embedded model (interp.models.t2i.TOY_BLOCKS) on 3000 shapes-world
+# Collect the analysed blocks of the embedded model (six for the toy: interp.models.t2i.TOY_BLOCKS) on 3000 shapes-world
 # images, train one TopK SAE per block, analyse the features on 400 fresh images, and measure everything
 # on 500 more (REPORT.md, report.json).
-# MODEL=toy-v2 bash saes/pretrained/toy/ship.sh makes the same set for the v2 toy (into saes/pretrained/toy-v2).
+# MODEL=toy-v3 bash saes/pretrained/toy/ship.sh makes the same set for another embedded model (into saes/pretrained/toy-v3).
 set -euo pipefail
 MODEL=${MODEL:-toy}
 RUN=${RUN:-runs/sae_ship$([ "$MODEL" = toy ] || echo "-$MODEL")}
 STORE=${STORE:-$RUN/store}
 OUT=${OUT:-saes/pretrained/$MODEL}
 THREADS=${THREADS:-2}
-BLOCKS=(down_blocks.2.attentions.1 mid_block.attentions.0 up_blocks.0.attentions.0 up_blocks.0.attentions.1
-        up_blocks.1.attentions.1 up_blocks.1.attentions.2)
+# the model's analysed blocks (interp.models.t2i.KNOWN_MODELS): the toy's six, SDXL's four for toy-v3
+read -ra BLOCKS <<< "$(python -c 'import sys; from interp.models.t2i import default_blocks; print(*default_blocks(sys.argv[1]))' "$MODEL")"
+[ ${#BLOCKS[@]} -gt 0 ] || { echo "ship.sh: no analysed blocks for model $MODEL" >&2; exit 1; }
 OMP_NUM_THREADS=$THREADS python -m interp collect --model "$MODEL" --world 3000 --world-seed 0 --steps 1 --out "$STORE" \
     --blocks "${BLOCKS[@]}"
 for block in "${BLOCKS[@]}"; do
