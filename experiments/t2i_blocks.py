@@ -8,12 +8,12 @@ roles from the seed study.
     python -m experiments.t2i_blocks report    # experiments/results/t2i_blocks.{json,md}; --readme: README's block
 
 Steps (`run`): train v2 and v3 by their recipes and install them (interp/zoo/weights/t2i-v2, t2i-v3); the quality
-table of each model (`python -m interp.zoo evaluate`, held-out captions); linear probes and ablations of every
-hookable block (`python -m saes probe --ablate-images 200`); RIEBench's shapes suite with activation-difference
-steering on each hookable block alone (`python -m riebench sweep --per-block`, no SAE needed, so the models are
-compared by the same method). The report reads those outputs under `runs/`; the JSON it commits holds every figure
-the tables show, and a model whose outputs are not under `runs/` (a fresh clone) keeps its committed figures, its
-`source` saying so.
+table of each model (`python -m interp.zoo evaluate`, held-out captions; again with `--zero-pooled-text`, to see
+which path carries the prompt); linear probes and ablations of every hookable block (`python -m saes probe
+--ablate-images 200`); RIEBench's shapes suite with activation-difference steering on each hookable block alone
+(`python -m riebench sweep --per-block`, no SAE needed, so the models are compared by the same method). The report
+reads those outputs under `runs/`; the JSON it commits holds every figure the tables show, and a group of figures
+whose output is not under `runs/` (a fresh clone) keeps its committed figures, its `sources` saying so.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ def _steps(versions) -> list[tuple[Path, list[str]]]:
         steps += [
             (RUNS / f"t2i-{version}-eval" / "t2i_eval.json",
              ["-m", "interp.zoo", "evaluate", "--model", model, "--n", "500", "--out", f"runs/t2i-{version}-eval"]),
+            # which path carries the prompt: the same without the pooled text (the time-embedding path)
+            (RUNS / f"t2i-{version}-eval-pooled-off" / "t2i_eval.json",
+             ["-m", "interp.zoo", "evaluate", "--model", model, "--n", "200", "--zero-pooled-text",
+              "--out", f"runs/t2i-{version}-eval-pooled-off"]),
             (RUNS / "t2i-blocks" / version / "probes.json",
              ["-m", "saes", "probe", "--model", model, "--threads", "2", "--out", f"runs/t2i-blocks/{version}"]),
             # the sweep resumes its finished tasks and writes its report (report.json) when done
@@ -90,39 +94,71 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _outputs(version: str) -> list[Path]:
-    return [RUNS / f"t2i-{version}-eval" / "t2i_eval.json", RUNS / "t2i-blocks" / version / "probes.json",
-            RUNS / "riebench" / f"blocks-{version}" / "report.json"]
+def _outputs(version: str) -> dict[str, Path]:
+    """Each group of a model's figures and the run output it is read from."""
+    return {"quality": RUNS / f"t2i-{version}-eval" / "t2i_eval.json",
+            "pooled_text_off": RUNS / f"t2i-{version}-eval-pooled-off" / "t2i_eval.json",
+            "probes": RUNS / "t2i-blocks" / version / "probes.json",
+            "riebench": RUNS / "riebench" / f"blocks-{version}" / "report.json"}
+
+
+FIGURES = {"quality": ("quality",), "pooled_text_off": ("pooled_text_off",),
+           "probes": ("probe_images", "block_probes", "probe_chance", "ablation"),
+           "riebench": ("riebench_by_block", "riebench_all_blocks")}
+
+
+def _figures(group: str, output: dict) -> dict:
+    """The figures of one group, read from its run output (keys: FIGURES[group])."""
+    if group in ("quality", "pooled_text_off"):
+        return {group: output["results"]}
+    if group == "probes":
+        return {"probe_images": output["n_images"],
+                "block_probes": {b: {a: e["accuracy"] for a, e in entry.items()}
+                                 for b, entry in output["block_probes"].items()},
+                "probe_chance": {a: e["chance"] for entry in output["block_probes"].values() for a, e in entry.items()},
+                "ablation": output["ablation"]}
+    return {"riebench_by_block": {row["block"]: {k: v for k, v in row.items() if k not in ("method", "block")}
+                                  for row in output["best_by_block"]},
+            "riebench_all_blocks": next((row for row in output["best_by_method"] if row["method"] != "prompt-swap"),
+                                        None)}
 
 
 def collect() -> dict:
-    """Every figure the tables show, from the run outputs; a model with none of its outputs under runs/ keeps the
-    figures committed in experiments/results/t2i_blocks.json (its `source` says which)."""
+    """Every figure the tables show, from the run outputs; a group of a model's figures whose output is not under
+    runs/ keeps the figures committed in experiments/results/t2i_blocks.json (its `sources` say which)."""
     data = {"models": MODELS, "sdxl_turbo_roles": {b: {"role": r, "attributes": list(a), "categories": list(c)}
                                                   for b, (r, a, c) in SDXL_ROLES.items()},
             "carried_drop": CARRIED_DROP, "recipes": {v: "python " + " ".join(r) for v, r in RECIPES.items()}}
     committed_path = RESULTS / "t2i_blocks.json"
     committed = json.loads(committed_path.read_text()) if committed_path.exists() else {}
     for version in MODELS:
-        if not any(path.exists() for path in _outputs(version)) and version in committed:
-            data[version] = committed[version] | {"source": "committed experiments/results/t2i_blocks.json"}
-            continue
-        evaluation = _read(RUNS / f"t2i-{version}-eval" / "t2i_eval.json")["results"]
-        probes = _read(RUNS / "t2i-blocks" / version / "probes.json")
-        riebench = _read(RUNS / "riebench" / f"blocks-{version}" / "report.json")
-        data[version] = {
-            "source": "runs/ outputs of `python -m experiments.t2i_blocks run`",
-            "quality": evaluation,
-            "probe_images": probes["n_images"],
-            "block_probes": {b: {a: e["accuracy"] for a, e in entry.items()} for b, entry in probes["block_probes"].items()},
-            "probe_chance": {a: e["chance"] for entry in probes["block_probes"].values() for a, e in entry.items()},
-            "ablation": probes["ablation"],
-            "riebench_by_block": {row["block"]: {k: v for k, v in row.items() if k not in ("method", "block")}
-                                  for row in riebench["best_by_block"]},
-            "riebench_all_blocks": next((row for row in riebench["best_by_method"] if row["method"] != "prompt-swap"),
-                                        None),
-        }
+        kept = committed.get(version, {})
+        data[version] = {"sources": {}}
+        for group, path in _outputs(version).items():
+            if path.exists():
+                data[version] |= _figures(group, _read(path))
+                data[version]["sources"][group] = "runs/"
+            elif group in kept.get("sources", {}):
+                data[version] |= {name: kept[name] for name in FIGURES[group]}
+                data[version]["sources"][group] = "committed"
+            else:
+                _read(path)  # says which run output is missing
     return data
+
+
+def _sources(data: dict) -> str:
+    """Where each model's figures come from: runs/ outputs of `run`, or the committed JSON."""
+    origins = {"runs/": "runs/ outputs of `python -m experiments.t2i_blocks run`",
+               "committed": "committed experiments/results/t2i_blocks.json"}
+    parts = []
+    for version in MODELS:
+        by_origin = {}
+        for group, origin in data[version]["sources"].items():
+            by_origin.setdefault(origin, []).append(group.replace("_", " "))
+        parts.append(f"{version}: " + ", ".join(
+            (", ".join(groups[:-1]) + " and " if len(groups) > 1 else "") + f"{groups[-1]} from {origins[origin]}"
+            for origin, groups in by_origin.items()))
+    return "; ".join(parts)
 
 
 def _carried(ablation: dict, block: str) -> list[str]:
@@ -136,11 +172,11 @@ def _edited(by_block: dict, block: str) -> list[str]:
     return [c for c, text in row.items() if c != "all" and text not in ("0", "–") and float(text.split()[0]) >= 0.5]
 
 
-def quality_table(data: dict) -> str:
+def quality_table(data: dict, key: str = "quality") -> str:
     columns = ("shape", "colour", "background", "position", "size", "texture", "all")
     lines = ["| model | objects | n | " + " | ".join(columns) + " |", "|---|---|---|" + "---:|" * len(columns)]
     for version in MODELS:
-        for count, scores in data[version]["quality"].items():
+        for count, scores in data[version][key].items():
             lines.append(f"| {version} | {count} | {scores['n']} | " + " | ".join(f"{scores[c]:.3f}" for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
@@ -202,12 +238,15 @@ def markdown(data: dict) -> str:
                        f"brackets):\n\n" + riebench_table(data, version) for version in reversed(MODELS))
     return ("## Block roles: " + ", ".join(MODELS) + " and SDXL Turbo\n\n"
             "Quality on held-out captions (`python -m interp.zoo evaluate --n 500`):\n\n" + quality_table(data)
+            + "\nThe same with the pooled text embedding set to zero, so the prompt reaches the image only through "
+            "the cross-attention blocks, not the time embedding (`--zero-pooled-text --n 200`):\n\n"
+            + quality_table(data, "pooled_text_off")
             + f"\nWhat each block does (ablation: the probe misreads an attribute on >= {CARRIED_DROP:g} of objects; "
             "steering: activation-difference edits through that block alone succeed on >= 0.5 of a category's tasks "
             "at preservation >= 0.9; bold: SDXL's four analysed blocks):\n\n" + role_table(data)
             + "\nWhat a linear probe of each block's update reads (accuracy >= 0.9):\n\n" + probe_table(data)
             + riebench + "\nAblations:\n" + ablation_tables(data)
-            + "\nSources: " + "; ".join(f"{v}: {data[v]['source']}" for v in MODELS) + ".\n")
+            + "\nSources: " + _sources(data) + ".\n")
 
 
 README_MARKERS = ("<!-- t2i-v2-blocks -->", "<!-- /t2i-v2-blocks -->")

