@@ -162,7 +162,7 @@ def test_zero_pooled_text_leaves_the_prompt_only_to_cross_attention():
     from interp.zoo.t2i_recipe import evaluate
     import torch
 
-    from interp.zoo.t2i_report import zero_pooled_text
+    from interp.zoo.t2i_recipe import zero_pooled_text
 
     model = load_t2i("toy", device="cpu")
 

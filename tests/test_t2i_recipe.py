@@ -194,3 +194,20 @@ def test_a_checkpoint_written_before_a_model_field_existed_resumes_as_its_defaul
     deeper = replace(cfg, model=replace(cfg.model, unet_transformer_layers=(1, 2, 6)))
     with pytest.raises(SystemExit, match="different recipe configuration"):
         t2i_recipe.load_checkpoint(tmp_path / "unet.ckpt", deeper)
+
+
+def test_zero_pooled_text_trains_a_model_whose_prompt_reaches_the_unet_only_by_cross_attention(tmp_path):
+    """`--zero-pooled-text`: text_encoder_2's projection is zero and stays so through training and saving, so the
+    saved pipeline's pooled prompt embedding (the time-embedding path) is zero while its other weights learned."""
+    import torch
+
+    from interp.models import load_t2i
+
+    train(tmp_path, 2, "--zero-pooled-text")
+    saved = _weights(tmp_path / "pipeline", "text_encoder_2")
+    assert saved["text_projection.weight"].abs().max() == 0
+    assert json.loads((tmp_path / "pipeline" / "recipe.json").read_text())["pooled_text"] is False
+    pipe = load_t2i(str(tmp_path / "pipeline"), device="cpu").pipe
+    with torch.no_grad():
+        _, _, pooled, _ = pipe.encode_prompt("a red circle", do_classifier_free_guidance=False)
+    assert pooled.abs().max() == 0

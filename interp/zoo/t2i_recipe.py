@@ -71,6 +71,7 @@ class RecipeConfig:
     text_pretrain_batch: int = 256
     text_pretrain_lr: float = 1e-3
     vae_from: str | None = None  # a saved pipeline whose VAE is kept instead of steps 2-3
+    pooled_text: bool = True  # False: the pooled prompt embedding is zero throughout (`zero_pooled_text`)
     world: str = field(default_factory=shapes.world_fingerprint)  # the shapes world it was trained on
 
 
@@ -301,6 +302,9 @@ def train_unet(pipe, scenes, latents: torch.Tensor, weights: torch.Tensor, cfg: 
     trained = pipe.unet if cfg.freeze_text_encoders else modules
     for name in ("text_encoder", "text_encoder_2"):
         modules[name].requires_grad_(not cfg.freeze_text_encoders)
+    if not cfg.pooled_text:  # the prompt only through cross-attention, as the saved weights keep it
+        zero_pooled_text(pipe)
+        pipe.text_encoder_2.text_projection.requires_grad_(False)
     ckpt = out / "unet.ckpt"
     opt = torch.optim.AdamW(trained.parameters(), lr=cfg.unet_lr, weight_decay=0.01)
     state = load_checkpoint(ckpt, cfg)
@@ -375,6 +379,16 @@ def evaluate(pipe, n_per_count: dict[int, int], seed: int = 0, steps: int = 1, b
     return results
 
 
+def zero_pooled_text(pipe) -> None:
+    """SDXL gives the UNet the prompt two ways: per token to every cross-attention, and pooled (text_encoder_2's
+    projection of its end-of-text state) into the time embedding, which every ResNet adds. Zeroing that projection
+    leaves only the first: in an evaluation (of the loaded copy), what the cross-attention blocks draw alone; in
+    training (`--zero-pooled-text`, the projection then frozen), a model that must route the prompt through them."""
+    with torch.no_grad():
+        for parameter in pipe.text_encoder_2.text_projection.parameters():
+            parameter.zero_()
+
+
 def keep_vae(pipe, directory: Path) -> None:
     """Replace the pipeline's VAE by the one saved in `directory/vae` (float32), scaling factor included."""
     from diffusers import AutoencoderKL
@@ -415,7 +429,8 @@ def main(args: argparse.Namespace) -> None:
                        unet_steps=args.unet_steps, unet_batch=args.batch, threads=args.threads,
                        checkpoint_every=args.checkpoint_every, object_weight=args.object_weight,
                        freeze_text_encoders=args.freeze_text_encoders or args.pretrain_text_encoders > 0,
-                       text_pretrain_steps=args.pretrain_text_encoders, vae_from=args.vae_from)
+                       text_pretrain_steps=args.pretrain_text_encoders, vae_from=args.vae_from,
+                       pooled_text=not args.zero_pooled_text)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(args.out)
@@ -476,6 +491,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pretrain-text-encoders", type=int, default=0, metavar="STEPS",
                         help="pretrain both text encoders contrastively against the images for STEPS steps (a toy CLIP) "
                              "and keep them frozen while the UNet trains, as SDXL's CLIP encoders")
+    parser.add_argument("--zero-pooled-text", action="store_true",
+                        help="train with the pooled prompt embedding (the prompt's path into the time embedding) "
+                             "zero and frozen, so the UNet reads the prompt through its cross-attention blocks alone")
     parser.add_argument("--vae-from", default=None, metavar="DIR",
                         help="keep the VAE of this saved pipeline (e.g. interp/zoo/weights/t2i) and train the UNet only")
     parser.add_argument("--object-weight", type=float, default=RecipeConfig.object_weight,

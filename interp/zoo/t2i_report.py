@@ -20,20 +20,9 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def zero_pooled_text(pipe) -> None:
-    """SDXL gives the UNet the prompt two ways: per token to every cross-attention, and pooled (text_encoder_2's
-    projection of its end-of-text state) into the time embedding, which every ResNet adds. Zeroing that projection
-    (in this loaded copy) leaves only the first, so an evaluation shows what the cross-attention blocks draw alone."""
-    import torch
-
-    with torch.no_grad():
-        for parameter in pipe.text_encoder_2.text_projection.parameters():
-            parameter.zero_()
-
-
 def evaluate_command(args) -> int:
     from ..models import ModelError, load_t2i
-    from .t2i_recipe import evaluate
+    from .t2i_recipe import evaluate, zero_pooled_text
 
     try:
         model = load_t2i(args.model, device="cpu")
