@@ -29,14 +29,14 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 RUNS = REPO / "runs"
 WEIGHTS = REPO / "interp" / "zoo" / "weights"
-MODELS = {"v1": "toy", "v2": "toy-v2", "v3": "toy-v3"}
+MODELS = {"v1": "toy", "v2": "toy-v2", "v3": "toy-v3", "v4": "toy-v4"}
 HOOKABLE = ("down_blocks.1.attentions.0", "down_blocks.1.attentions.1", "down_blocks.2.attentions.0",
             "down_blocks.2.attentions.1", "mid_block.attentions.0", "up_blocks.0.attentions.0",
             "up_blocks.0.attentions.1", "up_blocks.0.attentions.2", "up_blocks.1.attentions.0",
             "up_blocks.1.attentions.1", "up_blocks.1.attentions.2")
-# v3 has transformer blocks only at 8 x 8 (`--config sdxl-blocks-only`)
-BLOCKS = {"v1": HOOKABLE, "v2": HOOKABLE,
-          "v3": tuple(b for b in HOOKABLE if b.startswith(("down_blocks.2.", "mid_block.", "up_blocks.0.")))}
+# v3 and v4 have transformer blocks only at 8 x 8 (`--config sdxl-blocks-only`)
+EIGHT_BY_EIGHT = tuple(b for b in HOOKABLE if b.startswith(("down_blocks.2.", "mid_block.", "up_blocks.0.")))
+BLOCKS = {"v1": HOOKABLE, "v2": HOOKABLE, "v3": EIGHT_BY_EIGHT, "v4": EIGHT_BY_EIGHT}
 # SDXL Turbo's block roles as the seed study found them (edits through each block), and the shapes world's
 # attributes and RIEBench categories that each role stands for here.
 SDXL_ROLES = {
@@ -47,9 +47,11 @@ SDXL_ROLES = {
 }
 CARRIED_DROP = 0.2  # an ablation that makes the probe misread an attribute on this share of objects carries it
 # the trained models' recipes (v1's is the embedded `toy`'s own, README)
-RECIPES = {version: ["-m", "interp.zoo", "train", "t2i", "--config", config, "--vae-from", "interp/zoo/weights/t2i",
+# (v4: v3 with the pooled prompt embedding zero, so the prompt reaches the UNet only through the 8 x 8 blocks)
+RECIPES = {version: ["-m", "interp.zoo", "train", "t2i", *options, "--vae-from", "interp/zoo/weights/t2i",
                      "--unet-steps", "4000", "--out", f"runs/t2i-{version}", "--threads", "2"]
-           for version, config in (("v2", "sdxl-proportions"), ("v3", "sdxl-blocks-only"))}
+           for version, options in (("v2", ["--config", "sdxl-proportions"]), ("v3", ["--config", "sdxl-blocks-only"]),
+                                    ("v4", ["--config", "sdxl-blocks-only", "--zero-pooled-text"]))}
 
 
 def _steps(versions) -> list[tuple[Path, list[str]]]:

@@ -43,6 +43,9 @@ KNOWN_MODELS = {
     "toy-v2": KnownModel(str(WEIGHTS_DIR / "t2i-v2"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     # v3 (issue 22): v2 with transformer blocks only at 8 x 8 (`--config sdxl-blocks-only`), so SDXL's four
     "toy-v3": KnownModel(str(WEIGHTS_DIR / "t2i-v3"), 1, 0.0, embedded=True, blocks=SDXL_BLOCKS, world="shapes"),
+    # v4 (issue 22): v3 trained with the pooled prompt embedding zero (`--zero-pooled-text`), so the prompt reaches
+    # the UNet only through the 8 x 8 cross-attentions
+    "toy-v4": KnownModel(str(WEIGHTS_DIR / "t2i-v4"), 1, 0.0, embedded=True, blocks=SDXL_BLOCKS, world="shapes"),
     "sdxl-turbo": KnownModel("stabilityai/sdxl-turbo", 1, 0.0),
     "sdxl-base": KnownModel("stabilityai/stable-diffusion-xl-base-1.0", 30, 5.0),
 }
