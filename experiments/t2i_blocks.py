@@ -1,13 +1,13 @@
 """Which block of the embedded text-to-image model does what: v1 (the shipped `toy`) beside v2 (`toy-v2`, built
-in SDXL's proportions, issue 22) and v3 (`toy-v3`, the same with attention only at 8 x 8) beside SDXL Turbo's block
-roles from the seed study.
+in SDXL's proportions, issue 22), v3 (`toy-v3`, the same with attention only at 8 x 8) and v4 (`toy-v4`, v3 trained
+without the pooled prompt embedding) beside SDXL Turbo's block roles from the seed study.
 
     python -m experiments.t2i_blocks run       # each step skipped when its output exists (about 1.5 h per
                                                # model's training, then about 40 min per model on two CPU cores)
     python -m experiments.t2i_blocks run --models v3   # only some models
     python -m experiments.t2i_blocks report    # experiments/results/t2i_blocks.{json,md}; --readme: README's block
 
-Steps (`run`): train v2 and v3 by their recipes and install them (interp/zoo/weights/t2i-v2, t2i-v3); the quality
+Steps (`run`): train v2-v4 by their recipes and install them (interp/zoo/weights/t2i-v2 ... t2i-v4); the quality
 table of each model (`python -m interp.zoo evaluate`, held-out captions; again with `--zero-pooled-text`, to see
 which path carries the prompt); linear probes and ablations of every hookable block (`python -m saes probe
 --ablate-images 200`); RIEBench's shapes suite with activation-difference steering on each hookable block alone
