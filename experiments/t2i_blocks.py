@@ -3,7 +3,7 @@ in SDXL's proportions, issue 22), v3 (`toy-v3`, the same with attention only at 
 without the pooled prompt embedding) beside SDXL Turbo's block roles from the seed study.
 
     python -m experiments.t2i_blocks run       # each step skipped when its output exists (about 1.5 h per
-                                               # model's training, then about 40 min per model on two CPU cores)
+                                               # model's training, then 7-40 min per model on two CPU cores)
     python -m experiments.t2i_blocks run --models v3   # only some models
     python -m experiments.t2i_blocks report    # experiments/results/t2i_blocks.{json,md}; --readme: README's block
 
