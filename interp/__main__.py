@@ -6,19 +6,19 @@ import argparse
 import json
 import sys
 
-from .cli import at_least, run_command
+from .cli import add_dtype_argument, at_least, dtype_name, parse_dtype, run_command
 from .models.t2i import MAX_SEED
 
 
 def _generate(args) -> int:
     from .models import load_t2i
 
-    model = load_t2i(args.model)
+    model = load_t2i(args.model, dtype=parse_dtype(args.dtype) if args.dtype else None)
     images = model.generate(args.prompt, steps=args.steps, seed=args.seed, guidance=args.guidance,
                             height=args.height, width=args.width)
     images[0].save(args.out)
     print(f"wrote {args.out} ({images[0].width}x{images[0].height}, {args.model}, "
-          f"steps={args.steps or model.default_steps}, seed={args.seed})")
+          f"steps={args.steps or model.default_steps}, seed={args.seed}, {dtype_name(model.pipe.unet.dtype)})")
     return 0
 
 
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--height", type=int, default=None)
     gen.add_argument("--width", type=int, default=None)
     gen.add_argument("--out", default="image.png")
+    add_dtype_argument(gen, default=None, what="the pipeline")
     gen.set_defaults(run=_generate)
     blocks = commands.add_parser("blocks", help="list a model's hookable blocks, channels and sizes")
     blocks.add_argument("--model", default="toy")

@@ -124,3 +124,37 @@ def run_command(args, interrupted: str = "interrupted") -> int:
             raise
         print(f"error: {message}", file=sys.stderr)
         return 2
+
+
+# The dtypes a model may be loaded in, by the name users type (`--dtype`, the UI's choice, results files).
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def parse_dtype(name):
+    """``"bfloat16"`` -> ``torch.bfloat16`` (a torch.dtype passes through); a ValueError naming the choices for
+    anything else. float16 is allowed on a CPU: torch runs it there (measured: slower than float32 on this
+    machine's CPU; bfloat16 is the fast one, docs/dtype.md)."""
+    import torch
+
+    if isinstance(name, torch.dtype):
+        name = dtype_name(name)
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return getattr(torch, name)
+
+
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``, the name `parse_dtype` reads and results files record."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype}; choose one of {', '.join(DTYPES)}")
+    return name
+
+
+def add_dtype_argument(parser, default: str | None = "float32", what: str = "the model") -> None:
+    """``--dtype float32|bfloat16|float16``, the same option on every command that loads a model: the dtype
+    `what` runs in. ``default=None``: the loader's own (text-to-image: float16 on CUDA, float32 on a CPU)."""
+    said = default or "float16 on CUDA, float32 on a CPU"
+    parser.add_argument("--dtype", choices=DTYPES, default=default,
+                        help=f"dtype {what} runs in (default {said}); bfloat16 is faster on CPUs with AMX/AVX512-BF16 "
+                             f"and on GPUs, with the numeric change docs/dtype.md measures")

@@ -44,7 +44,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .atomic import atomic_write, remove_temporaries
-from .cli import at_least
+from .cli import add_dtype_argument, at_least, dtype_name, parse_dtype
 from .hooks.diffusion import capture_updates
 from .models.t2i import MAX_SEED, generate
 
@@ -78,7 +78,8 @@ class CollectionPlan:
     half: str = "cond"               # which CFG half is stored ("cond" is the whole batch without CFG)
     images_per_shard: int = 16
     shapes: dict[str, list[int]] = field(default_factory=dict)  # block -> per image (steps, C, H, W)
-    dtype: str = "float16"
+    dtype: str = "float16"           # of the stored tensors
+    model_dtype: str = "float32"     # the model's weights when it ran (--dtype)
     format: str = FORMAT
     version: int = VERSION
 
@@ -173,6 +174,7 @@ def _check_plan(out: Path, plan: CollectionPlan) -> None:
     existing = json.loads((out / PLAN_FILE).read_text())
     mine = plan.to_dict()
     ignored = getattr(plan, "RESUME_IGNORES", ("shapes",))
+    existing.setdefault("model_dtype", mine.get("model_dtype"))  # a plan written before the dtype was recorded
     differing = sorted(k for k in mine if k not in ignored and existing.get(k) != mine[k])
     if differing:
         raise StoreError(f"{out} holds a collection with other settings ({', '.join(differing)} differ); "
@@ -311,7 +313,8 @@ class LMCollectionPlan:
     start_token: int = 0
     backend: str = "hf"
     shapes: dict[str, list[int]] = field(default_factory=dict)  # hook -> [d_model]
-    dtype: str = "float16"
+    dtype: str = "float16"               # of the stored tensors
+    model_dtype: str = "float32"         # the model's weights when it ran (--dtype)
     kind: str = LM_KIND
     format: str = FORMAT
     version: int = VERSION
@@ -386,7 +389,7 @@ def _lm_batch(lm, plan: LMCollectionPlan, rows: list[tuple[int, list[int], list[
         ids[r, :n] = torch.tensor(tokens[:n])
         mask[r, :n] = 1
     with residual_capture(lm, plan.blocks) as capture:
-        forward_padded(lm, ids, mask)
+        forward_padded(lm, ids, mask, stop_after=plan.blocks)
     row_index = torch.tensor([r for r, (_, _, chosen) in enumerate(rows) for _ in chosen], dtype=torch.long)
     position = torch.tensor([p for _, _, chosen in rows for p in chosen], dtype=torch.long)
     out = {hook: capture.activations[hook][row_index, position].to(STORE_DTYPE).contiguous() for hook in plan.blocks}
@@ -472,7 +475,7 @@ def lm_collect_command(args) -> int:
         torch.set_num_threads(args.threads)
     documents = read_documents(args.text)
     text_sha256 = hashlib.sha256(read_text_file(args.text).encode("utf-8")).hexdigest()
-    lm = load_lm(args.model, backend=args.backend, device=args.device or "cpu")
+    lm = load_lm(args.model, backend=args.backend, device=args.device or "cpu", dtype=parse_dtype(args.dtype))
     from .hooks.lm import parse_hook_name
 
     for hook in args.blocks:  # before tokenizing: a wrong name is the commonest mistake
@@ -490,7 +493,8 @@ def lm_collect_command(args) -> int:
                             text_sha256=text_sha256, tokens_sha256=sequences_digest(sequences, selected),
                             context=context, positions=args.positions, n_tokens=sum(map(len, selected)),
                             n_sequences=used, n_documents=len(documents), tokens_per_shard=args.tokens_per_shard,
-                            batch_size=args.batch_size, start_token=start_token(lm.tokenizer)[0], backend=args.backend)
+                            batch_size=args.batch_size, start_token=start_token(lm.tokenizer)[0], backend=args.backend,
+                            model_dtype=args.dtype)
     manifest = collect_lm(lm, plan, sequences, selected, args.out)
     store = ActivationStore(manifest.parent)
     print(f"wrote {manifest} ({store.n_tokens:,} tokens from {plan.n_sequences:,} sequences, {len(store.shards)} "
@@ -752,6 +756,8 @@ def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
     lm.add_argument("--batch-size", type=at_least(1), default=16, help="sequences per forward pass")
     lm.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf")
     lm.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: torch's)")
+    add_dtype_argument(parser, default=None, what="the model (language models: float32 by default), recorded in "
+                                                  "the plan,")
     parser.add_argument("--out", required=True, help="store directory (created; resumed if it holds this plan)")
 
 
@@ -763,6 +769,7 @@ def collect_command(args) -> int:
     from .lm_text import is_language_model
 
     if is_language_model(args.model):
+        args.dtype = args.dtype or "float32"
         return lm_collect_command(args)
     if args.text is not None:
         raise StoreError(f"--text is for language models; {args.model} is a text-to-image model: give --prompts "
@@ -790,7 +797,7 @@ def collect_command(args) -> int:
         if device is None and torch.cuda.is_available():
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     try:
-        model = load_t2i(args.model, device=device)
+        model = load_t2i(args.model, device=device, dtype=parse_dtype(args.dtype) if args.dtype else None)
         steps = model.default_steps if args.steps is None else args.steps
         guidance = model.default_guidance if args.guidance is None else args.guidance
         model.check_request(steps, guidance=guidance)
@@ -799,7 +806,8 @@ def collect_command(args) -> int:
         blocks = args.blocks if args.blocks is not None else model.default_blocks
         plan = CollectionPlan(model=args.model, blocks=[b.removeprefix("unet.") for b in blocks],
                               prompts=prompts, seeds=[args.seed + i for i in range(len(prompts))], steps=steps,
-                              guidance=float(guidance), half=args.half, images_per_shard=args.images_per_shard)
+                              guidance=float(guidance), half=args.half, images_per_shard=args.images_per_shard,
+                              model_dtype=dtype_name(model.pipe.unet.dtype))
         manifest = collect(model, plan, args.out, rank=rank, world_size=world_size, barrier=barrier)
     finally:
         if world_size > 1:

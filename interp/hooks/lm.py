@@ -217,8 +217,21 @@ def residual_capture(lm, names: Sequence[str], last_index: torch.Tensor | None =
 
 
 @torch.no_grad()
-def forward_padded(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
-    """One forward pass of a padded batch (left or right padding), positions counted from each row's first token."""
+def forward_padded(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   stop_after: Sequence[str] | None = None) -> None:
+    """One forward pass of a padded batch (left or right padding), positions counted from each row's first token.
+
+    ``stop_after``: hook names a capture entered before this call records; the pass ends after the last layer
+    they need (`interp.hooks.truncate`: no later layers, final norm or LM head; the captures are unchanged)."""
+    from contextlib import nullcontext
+
+    from .truncate import stop_after as stopping
+
+    with stopping(lm, stop_after) if stop_after else nullcontext():
+        _forward_padded(lm, input_ids, attention_mask)
+
+
+def _forward_padded(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     input_ids = input_ids.to(lm.device)
     attention_mask = attention_mask.to(lm.device)
     if lm.backend == "transformer_lens":
@@ -250,7 +263,7 @@ def capture_residuals(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor 
         # the last position whose mask is 1 (right padding: length - 1; left padding: width - 1)
         last_index = width - 1 - attention_mask.long().flip(-1).argmax(-1)
     with residual_capture(lm, names, last_index) as capture:
-        forward_padded(lm, input_ids, attention_mask)
+        forward_padded(lm, input_ids, attention_mask, stop_after=names)
     return capture.activations
 
 
