@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from interp.atomic import atomic_write_text
+from interp.cli import add_dtype_argument, lm_dtype
 
 from .diversity import DataError, PROMPT_FIELDS, read_jsonl
 from .geometry import concentration_by_layer, layer_projections, pc1_stability, structural_alignment
@@ -161,13 +162,15 @@ def analyze_command(args) -> int:
         raise DataError(f"{args.prompts}: PCA of residuals needs at least 3 prompts, got {len(prompts)}")
     from interp.models.lm import load_lm
 
-    lm = load_lm(args.model, backend=args.backend, device=args.device)
+    dtype = lm_dtype(args.dtype)
+    lm = load_lm(args.model, backend=args.backend, device=args.device, dtype=dtype)
     residuals = residuals_of(lm, prompts, args.chat_template, False)
     stripped = residuals_of(lm, prompts, args.chat_template, True) if args.stability else None
-    reference = residuals_of(load_lm(args.reference, backend=args.backend, device=args.device), prompts,
+    reference = residuals_of(load_lm(args.reference, backend=args.backend, device=args.device, dtype=dtype), prompts,
                              args.chat_template, False) if args.reference else None
     k = args.components if args.components == "twonn" else int(args.components)
     result = {"model": args.model, "reference": args.reference, "prompts": str(args.prompts),
+              "model_dtype": args.dtype,
               **analyse(residuals, reference, stripped, k)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -197,3 +200,4 @@ def add_analyze_arguments(parser) -> None:
                         help="skip the PC1 stability check (without trailing punctuation)")
     parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf")
     parser.add_argument("--device", default="cpu")
+    add_dtype_argument(parser, what="the models")

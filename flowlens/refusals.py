@@ -247,9 +247,10 @@ def refusals_command(args) -> int:
     from interp.models.lm import use_chat_template
 
     records = read_prompt_set(args.prompts)
+    from interp.cli import lm_dtype
     from interp.models.lm import load_hf_lm
 
-    model, tokenizer = load_hf_lm(args.model, device=args.device)
+    model, tokenizer = load_hf_lm(args.model, device=args.device, dtype=lm_dtype(args.dtype))
     templated = use_chat_template(tokenizer, args.chat_template)
     started = time.perf_counter()
     evaluation = evaluate_refusals(model, tokenizer, records, max_new_tokens=args.max_new_tokens,
@@ -258,7 +259,8 @@ def refusals_command(args) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {"max_new_tokens": args.max_new_tokens, "chat_template": templated, "greedy": True,
-                "detector": "keyword (XSTest string match)", "generation_seconds": round(seconds, 1)}
+                "detector": "keyword (XSTest string match)", "generation_seconds": round(seconds, 1),
+                "model_dtype": args.dtype}
     atomic_write_text(out, json.dumps({"model": args.model, "prompts": str(args.prompts), "settings": settings,
                                        **evaluation.to_json()}, indent=2) + "\n")
     print(format_metrics(evaluation.metrics))
@@ -276,7 +278,7 @@ def add_chat_template_argument(parser) -> None:
 
 
 def add_refusals_arguments(parser) -> None:
-    from interp.cli import at_least
+    from interp.cli import add_dtype_argument, at_least
 
     parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--prompts", required=True, help="prompt-set JSONL (prompt, kind, answer?, type?) or XSTest CSV")
@@ -286,3 +288,4 @@ def add_refusals_arguments(parser) -> None:
     add_chat_template_argument(parser)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="refusals.json")
+    add_dtype_argument(parser)

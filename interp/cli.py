@@ -151,10 +151,25 @@ def dtype_name(dtype) -> str:
     return name
 
 
-def add_dtype_argument(parser, default: str | None = "float32", what: str = "the model") -> None:
+MIXED_DEFAULT = "language models float32; text-to-image models float16 on CUDA, float32 on a CPU"
+
+
+def add_dtype_argument(parser, default: str | None = "float32", what: str = "the model",
+                       said: str | None = None) -> None:
     """``--dtype float32|bfloat16|float16``, the same option on every command that loads a model: the dtype
-    `what` runs in. ``default=None``: the loader's own (text-to-image: float16 on CUDA, float32 on a CPU)."""
-    said = default or "float16 on CUDA, float32 on a CPU"
+    `what` runs in. ``default=None``: the loader's own (text-to-image: float16 on CUDA, float32 on a CPU;
+    `lm_dtype` reads None as float32 for a language model)."""
+    said = said or default or "float16 on CUDA, float32 on a CPU"
     parser.add_argument("--dtype", choices=DTYPES, default=default,
                         help=f"dtype {what} runs in (default {said}); bfloat16 is faster on CPUs with AMX/AVX512-BF16 "
                              f"and on GPUs, with the numeric change docs/dtype.md measures")
+
+
+def lm_dtype(name: str | None):
+    """The torch dtype a language model loads in for ``--dtype`` (None: float32, what results were made in)."""
+    return parse_dtype(name or "float32")
+
+
+def t2i_dtype(name: str | None):
+    """The torch dtype a text-to-image pipeline loads in for ``--dtype`` (None: `load_t2i`'s own default)."""
+    return parse_dtype(name) if name else None

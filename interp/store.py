@@ -44,7 +44,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .atomic import atomic_write, remove_temporaries
-from .cli import add_dtype_argument, at_least, dtype_name, parse_dtype
+from .cli import MIXED_DEFAULT, add_dtype_argument, at_least, dtype_name, parse_dtype
 from .hooks.diffusion import capture_updates
 from .models.t2i import MAX_SEED, generate
 
@@ -756,8 +756,7 @@ def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
     lm.add_argument("--batch-size", type=at_least(1), default=16, help="sequences per forward pass")
     lm.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf")
     lm.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: torch's)")
-    add_dtype_argument(parser, default=None, what="the model (language models: float32 by default), recorded in "
-                                                  "the plan,")
+    add_dtype_argument(parser, default=None, what="the model (recorded in the plan)", said=MIXED_DEFAULT)
     parser.add_argument("--out", required=True, help="store directory (created; resumed if it holds this plan)")
 
 

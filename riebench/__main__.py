@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interp.cli import at_least, run_command
+from interp.cli import add_dtype_argument, at_least, dtype_name, run_command, t2i_dtype
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,6 +35,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-preservation", type=float, default=0.9,
                    help="headline table: compare methods at preservation >= this")
     p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads")
+    add_dtype_argument(p, default=None, what="the pipeline")
     p.add_argument("--out", required=True, help="output directory (results, tables, plots)")
 
 
@@ -61,7 +62,8 @@ def _run_config(args, configs):
 
     return RunConfig(model=args.model, suite=args.suite, suite_seed=args.suite_seed, categories=args.category,
                      limit_per_category=args.limit_per_category, mask_dir=args.masks, saes=args.saes,
-                     steps=args.steps, seed=args.seed, configs=configs, save_images=args.save_images)
+                     steps=args.steps, seed=args.seed, configs=configs, save_images=args.save_images,
+                     dtype=args.dtype)
 
 
 def _load_model(args):
@@ -73,7 +75,8 @@ def _load_model(args):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_t2i(args.model)
+    model = load_t2i(args.model, dtype=t2i_dtype(args.dtype))
+    args.dtype = dtype_name(model.pipe.unet.dtype)  # recorded in run.json
     if args.blocks is None:
         args.blocks = list(model.default_blocks)
     return model

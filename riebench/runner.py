@@ -48,6 +48,7 @@ class RunConfig:
     seed: int | None = None             # None: each task's own seed
     configs: list[MethodConfig] = field(default_factory=lambda: [MethodConfig()])
     save_images: bool = False
+    dtype: str | None = None            # the pipeline's (--dtype); None: load_t2i's default for the device
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -103,9 +104,11 @@ class Runner:
         if saes is None and not cfg.saes and any(METHODS[c.method].needs_saes for c in cfg.configs):
             raise MethodError("the sae method needs SAEs: pass --saes DIR (one SAE directory per block)")
         if model is None:
+            from interp.cli import t2i_dtype
             from interp.models import load_t2i
 
-            model = load_t2i(cfg.model, device="cpu" if not torch.cuda.is_available() else None)
+            model = load_t2i(cfg.model, device="cpu" if not torch.cuda.is_available() else None,
+                             dtype=t2i_dtype(cfg.dtype))
         self.model = model
         # The run's steps and seed, like every configuration below, are checked before anything is generated.
         model.check_request(model.default_steps if cfg.steps is None else cfg.steps,

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from interp.cli import at_least, run_command
+from interp.cli import MIXED_DEFAULT, add_dtype_argument, at_least, run_command, t2i_dtype
 
 
 def _open_store(path: str, block: str):
@@ -145,6 +145,10 @@ def _eval(args) -> int:
         batches = vectors.split(args.batch_size)
     result = evaluate(sae, batches, max_tokens=args.tokens)
     result.update(sae=str(args.sae), block=block)
+    if model is not None:
+        from interp.cli import dtype_name
+
+        result["model_dtype"] = dtype_name(model.pipe.unet.dtype)
     table = markdown_table({block: result})
     if model is not None and args.fidelity_images > 0:
         from .fidelity import fidelity_table, splice_fidelity
@@ -163,7 +167,7 @@ def _load_model(args):
     from interp.models import load_t2i
 
     torch.set_num_threads(args.threads)
-    model = load_t2i(args.model, device=getattr(args, "device", None))
+    model = load_t2i(args.model, device=getattr(args, "device", None), dtype=t2i_dtype(getattr(args, "dtype", None)))
     # --steps / --guidance replace the model's defaults for every generation of the command
     # (a pipeline directory outside the known names defaults to 30 steps with guidance).
     if getattr(args, "steps", None) is not None:
@@ -366,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                                                  "loss recovered and KL; --tokens caps the scored tokens")
     ev.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
     ev.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
+    add_dtype_argument(ev, default=None, said=MIXED_DEFAULT)
     ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json; .md beside it)")
     ev.set_defaults(run=_eval)
 
@@ -388,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--overwrite", action="store_true",
                     help="rewrite files shipped with the repository (saes/pretrained/...) and replace an image pool "
                          "that other blocks' cards point into; without it either is an error")
+    add_dtype_argument(fe, default=None, said=MIXED_DEFAULT)
     fe.add_argument("--threads", type=at_least(1), default=1)
     fe.add_argument("--out", default=None, help="directory for features.html and features_summary.json (LM "
                                                 "SAEs: for features.json and features.html; default: the SAE's)")
@@ -411,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="score only the N best-AUROC features of each label (default: every labelled feature)")
     ca.add_argument("--seed", type=int, default=causal.SEED, help="seed of the scenes (with the label)")
     ca.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    add_dtype_argument(ca, default=None)
     ca.add_argument("--threads", type=at_least(1), default=1)
     ca.add_argument("--overwrite", action="store_true",
                     help="rewrite features.json shipped with the repository (saes/pretrained/...)")
@@ -430,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     re_.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
     re_.add_argument("--notes-file", default=None, help="markdown appended to REPORT.md as its Notes section")
     re_.add_argument("--model-name", default=None, help="the model's name in the report (default: --model)")
+    add_dtype_argument(re_, default=None)
     re_.add_argument("--threads", type=at_least(1), default=1)
     re_.add_argument("--out", default=None, help="default: --root")
     re_.add_argument("--overwrite", action="store_true",
@@ -447,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
     pr.add_argument("--ablate-images", type=at_least(0), default=200,
                     help="generations with each block ablated in turn, read by the probe (0: none)")
+    add_dtype_argument(pr, default=None)
     pr.add_argument("--threads", type=at_least(1), default=1)
     pr.add_argument("--out", required=True, help="directory for probes.json and PROBES.md")
     pr.set_defaults(run=_probe)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from interp.cli import lm_dtype
+
 from .evaluate import evaluate, markdown_table, write_eval
 from .sae import SAE
 
@@ -183,7 +185,7 @@ def lm_eval_command(args) -> int:
 
         torch.set_num_threads(args.threads)
         documents = read_documents(args.text)  # bad files fail before the model loads
-        lm = load_lm(args.model, device=getattr(args, "device", None) or "cpu")
+        lm = load_lm(args.model, device=getattr(args, "device", None) or "cpu", dtype=lm_dtype(args.dtype))
         check_sae_for_model(sae, lm, hook)
         recorded = sae.cfg.metadata.get("model_name")
         if recorded and recorded != args.model:
@@ -192,7 +194,7 @@ def lm_eval_command(args) -> int:
                                      args.tokens)
         metrics, residuals = splice_losses(lm, sae, hook, sequences, batch_size=args.sequences_per_batch,
                                            progress=True)
-        metrics.update(text=str(args.text), context=min(args.context, lm.n_ctx))
+        metrics.update(text=str(args.text), context=min(args.context, lm.n_ctx), model_dtype=args.dtype or "float32")
         if args.tokens is not None and metrics["scored_tokens"] < args.tokens:
             metrics["note"] = f"{args.text} has only {metrics['scored_tokens']} tokens to score, fewer than --tokens"
             print(f"note: {metrics['note']}", file=sys.stderr)

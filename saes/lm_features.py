@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write_text
+from interp.cli import dtype_name, lm_dtype
 from interp.hooks.lm_steer import is_residual_hook
 
 from .features import ANALYSE_ELSEWHERE, FEATURES_FILENAME, HTML_FILENAME, refuse_shipped
@@ -384,7 +385,8 @@ def analyse_lm_sae(lm, sae: SAE, corpus_path: str | os.PathLike, out_dir: str | 
                "corpus": {"path": Path(corpus_path).name, "sha256": file_sha256(corpus_path),
                           "documents": len(documents),
                           "sequences": len(sequences), "tokens": int(acts.starts[-1]), "counted_tokens": acts.counted},
-               "config": config.to_dict(), "features": cards}
+               "config": config.to_dict(), "model_dtype": dtype_name(next(lm.model.parameters()).dtype),
+               "features": cards}
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / FEATURES_FILENAME, payload, separators=(",", ":"))
     atomic_write_text(out_dir / HTML_FILENAME, render_html(payload, config.html_max_features))
@@ -429,7 +431,7 @@ def lm_features_command(args) -> int:
         refuse_shipped(out_dirs, "saes features", ANALYSE_ELSEWHERE)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_lm(model)
+    lm = load_lm(model, dtype=lm_dtype(getattr(args, "dtype", None)))
     for (directory, sae), out in zip(saes, out_dirs):
         payload = analyse_lm_sae(lm, sae, args.text, out, config, model_name=args.model_name or model,
                                  sae_dir=directory, overwrite=args.overwrite)
