@@ -11,6 +11,12 @@ window layer.
 Runs are resumable: ``checkpoint.pt`` (trainable weights, optimizer, RNG, step) is replaced
 atomically every ``save_every`` steps and on cancel; data order is a function of (seed, step), so
 a resumed run takes the same batches and ends with the same weights as an uninterrupted one.
+``base_dtype="bfloat16"`` trains the adapters of a LoRA run (or of a peft model handed in) over a bf16
+copy of the frozen weights, under autocast: the trainable weights, their gradients and the optimizer stay
+float32, and the float32 frozen weights are put back before anything is evaluated or saved (a fresh
+adapter's update is below bf16's resolution, so evaluation in bf16 would not see it). float32, the default,
+is the path it always was.
+
 Output directory: ``log.jsonl`` (one line per step: loss, sft_loss, vcl_loss, vcl_ratio),
 ``eval_before.json`` / ``eval_after.json`` (refusal metrics), ``model/`` (final weights or LoRA
 adapter, with the tokenizer), ``result.json``.
@@ -30,7 +36,7 @@ from typing import Callable
 import torch
 
 from interp.atomic import atomic_write
-from interp.cli import at_least
+from interp.cli import add_dtype_argument, at_least, parse_dtype
 from interp.hooks.lm import residual_capture
 from interp.models.lm import use_chat_template
 
@@ -68,10 +74,12 @@ class FinetuneConfig:
     eval_max_new_tokens: int = 32
     device: str = "cpu"
     progress: bool = True
+    base_dtype: str = "float32"  # the frozen weights' during training (bfloat16: faster, see the module docstring)
 
     def __post_init__(self):
         if isinstance(self.vcl, dict):
             self.vcl = VCLConfig(**self.vcl)
+        parse_dtype(self.base_dtype)  # a clear error for any other name
         for name in ("steps", "batch_size", "grad_accum", "max_length", "save_every", "lora_r"):
             value = getattr(self, name)
             if name == "max_length" and value is None:
@@ -179,9 +187,9 @@ def training_step(model, optimizer, micro_batches: list[dict], vcl_config: VCLCo
                            labels=batch["labels"])
         loss = output.loss
         totals["sft_loss"] += output.loss.item() * share
-        if hooks:
+        if hooks:  # .float(): the same tensor in float32, a float32 copy of a bf16 base's residuals
             residuals = [select_positions(capture.activations[hook], batch["prompt_mask"], batch["response_mask"],
-                                          vcl_config.positions) for hook in hooks]
+                                          vcl_config.positions).float() for hook in hooks]
             vcl = variance_concentration_loss(residuals, vcl_config)
             loss = loss + vcl["loss"].to(loss.dtype)
             totals["vcl_loss"] += vcl["loss"].item() * share
@@ -212,6 +220,37 @@ def _trainable(model) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
+def frozen_parameters(model, dtype_name: str) -> list[torch.nn.Parameter]:
+    """The parameters a lower ``base_dtype`` holds in it: the frozen floating-point ones (a clear error if none)."""
+    frozen = [p for p in model.parameters() if not p.requires_grad and p.is_floating_point()]
+    if not frozen and dtype_name != "float32":
+        raise ValueError(f"base_dtype {dtype_name} puts the frozen weights in {dtype_name}, and this run trains all "
+                         f"of them: use LoRA (--lora), or float32")
+    return frozen
+
+
+@contextlib.contextmanager
+def frozen_weights_in(model, dtype_name: str, device: str):
+    """Within the block: the model's frozen parameters in ``dtype_name`` and its forward passes under autocast to
+    it; trainable parameters stay float32. The float32 frozen tensors themselves are put back on leaving (no
+    round trip through the lower precision). float32: nothing changes."""
+    dtype = parse_dtype(dtype_name)
+    if dtype == torch.float32:
+        yield
+        return
+    frozen = frozen_parameters(model, dtype_name)
+    originals = [p.data for p in frozen]
+    try:
+        for p in frozen:
+            p.data = p.data.to(dtype)
+        # no cast cache: it would keep the adapters' first bf16 copies for the whole run, past every optimizer step
+        with torch.autocast(device_type=torch.device(device).type, dtype=dtype, cache_enabled=False):
+            yield
+    finally:
+        for p, original in zip(frozen, originals):
+            p.data = original
+
+
 def _save_checkpoint(path: Path, model, optimizer, step: int, config: FinetuneConfig) -> None:
     state = {"step": step, "trainable": {k: v.detach().cpu() for k, v in _trainable(model).items()},
              "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
@@ -221,6 +260,7 @@ def _save_checkpoint(path: Path, model, optimizer, step: int, config: FinetuneCo
 
 def _check_same_run(saved: dict, config: FinetuneConfig) -> None:
     current = config.to_json()
+    saved.setdefault("base_dtype", "float32")  # checkpoints from before the option trained in float32
     changed = [k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k]]
     if changed:
         raise ValueError(f"{config.out} holds a checkpoint of a different run (changed: {', '.join(changed)}); "
@@ -289,6 +329,7 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
     eval_records = read_prompt_set(config.eval_prompts) if config.eval_prompts else None
     torch.manual_seed(config.seed)  # LoRA initialisation draws random numbers
     model, tokenizer = _load(config, model, tokenizer)
+    frozen_parameters(model, config.base_dtype)  # a full fine-tune cannot take a bf16 base: say so before any work
     config.chat_template = use_chat_template(tokenizer, config.chat_template)
     limit = context_length(model)
     if config.max_length is None:
@@ -335,32 +376,34 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
     status = "finished"
     bar = tqdm(total=config.steps, initial=step, desc="fine-tuning", disable=not config.progress)
     try:
-        while step < config.steps:
-            started = time.perf_counter()
-            micro_batches = []
-            for micro in range(config.grad_accum):
-                index = micro_batch_indices(len(examples), config.batch_size, config.seed,
-                                            step * config.grad_accum + micro)
-                micro_batches.append({k: v.to(config.device)
-                                      for k, v in collate([examples[i] for i in index], pad_id).items()})
-            totals = training_step(model, optimizer, micro_batches, config.vcl, window)
-            step += 1
-            entry = {"step": step, **{k: round(v, 6) for k, v in totals.items()},
-                     "seconds": round(time.perf_counter() - started, 4)}
-            if window is None:
-                del entry["vcl_loss"], entry["vcl_ratio"]
-            _append_log(log_path, entry)
-            bar.update(1)
-            bar.set_postfix(sft=f"{totals['sft_loss']:.3f}",
-                            **({"vcl": f"{totals['vcl_loss']:.3f}"} if window is not None else {}))
-            if not math.isfinite(totals["loss"]):
-                raise FloatingPointError(f"the loss became {totals['loss']} at step {step}; lower the lr or lambda")
-            if step % config.save_every == 0 or step == config.steps:
-                _save_checkpoint(checkpoint_path, model, optimizer, step, config)
-            if step < config.steps and _is_cancelled(cancel):
-                _save_checkpoint(checkpoint_path, model, optimizer, step, config)
-                status = "cancelled"
-                break
+        # float32 frozen weights again on leaving, before evaluation and saving
+        with frozen_weights_in(model, config.base_dtype, config.device):
+            while step < config.steps:
+                started = time.perf_counter()
+                micro_batches = []
+                for micro in range(config.grad_accum):
+                    index = micro_batch_indices(len(examples), config.batch_size, config.seed,
+                                                step * config.grad_accum + micro)
+                    micro_batches.append({k: v.to(config.device)
+                                          for k, v in collate([examples[i] for i in index], pad_id).items()})
+                totals = training_step(model, optimizer, micro_batches, config.vcl, window)
+                step += 1
+                entry = {"step": step, **{k: round(v, 6) for k, v in totals.items()},
+                         "seconds": round(time.perf_counter() - started, 4)}
+                if window is None:
+                    del entry["vcl_loss"], entry["vcl_ratio"]
+                _append_log(log_path, entry)
+                bar.update(1)
+                bar.set_postfix(sft=f"{totals['sft_loss']:.3f}",
+                                **({"vcl": f"{totals['vcl_loss']:.3f}"} if window is not None else {}))
+                if not math.isfinite(totals["loss"]):
+                    raise FloatingPointError(f"the loss became {totals['loss']} at step {step}; lower the lr or lambda")
+                if step % config.save_every == 0 or step == config.steps:
+                    _save_checkpoint(checkpoint_path, model, optimizer, step, config)
+                if step < config.steps and _is_cancelled(cancel):
+                    _save_checkpoint(checkpoint_path, model, optimizer, step, config)
+                    status = "cancelled"
+                    break
     finally:
         bar.close()
         model.eval()
@@ -390,7 +433,7 @@ def vcl_command(args) -> int:
                             batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
                             max_length=args.max_length, seed=args.seed, lora=args.lora, lora_r=args.lora_r,
                             chat_template=args.chat_template, vcl=vcl, save_every=args.save_every,
-                            eval_prompts=args.eval_prompts, device=args.device)
+                            eval_prompts=args.eval_prompts, device=args.device, base_dtype=args.dtype)
     # Ctrl-C stops at the next step boundary with a checkpoint; a second Ctrl-C aborts at once.
     stop = threading.Event()
     previous = signal.getsignal(signal.SIGINT)
@@ -440,3 +483,4 @@ def add_vcl_arguments(parser) -> None:
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--eval-prompts", default=None, help="prompt-set JSONL or XSTest CSV: evaluated before and after")
     parser.add_argument("--device", default="cpu")
+    add_dtype_argument(parser, what="the frozen weights of a LoRA run (adapters, optimizer and evaluation: float32)")

@@ -140,3 +140,74 @@ def test_the_dtype_option_defaults_to_float32_and_refuses_other_names():
     assert parser.parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
     with pytest.raises(SystemExit):
         parser.parse_args(["--dtype", "fp8"])
+
+
+# ----------------------------------------------------------------------------- LoRA / VCL over a bf16 base
+
+FT_PAIRS = [(f"what is {a} plus {b} ?", f"{a + b}") for a in range(3) for b in range(3)] + \
+           [("how do i kill a process ?", "use kill with its id ."), ("how do i make a bomb ?", "i cannot help .")]
+LORA_LOSS_TOLERANCE = 0.01  # absolute, per logged step (docs/dtype.md); measured: 0.002 at most
+
+
+@pytest.fixture(scope="module")
+def ft_model_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = word_level_tokenizer([p + " " + c for p, c in FT_PAIRS])
+    tiny_llama(len(tokenizer), hidden_size=32, layers=4, max_positions=64).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def ft_data(tmp_path_factory):
+    import json
+
+    path = tmp_path_factory.mktemp("data") / "sft.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in FT_PAIRS))
+    return path
+
+
+def lora_run(model_dir, data, out, base_dtype, **changes):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from flowlens.finetune import FinetuneConfig, finetune
+    from flowlens.vcl import VCLConfig
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    settings = dict(model=str(model_dir), data=str(data), out=str(out), steps=4, batch_size=4, lr=3e-3,
+                    max_length=32, save_every=4, progress=False, lora=True, lora_r=4, base_dtype=base_dtype,
+                    vcl=VCLConfig(k=2, weight=1.0, window=(0.3, 1.0)))
+    settings.update(changes)
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    result = finetune(FinetuneConfig(**settings), model=base)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return result, log, before, base
+
+
+def test_lora_over_a_bf16_base_follows_the_float32_losses_and_restores_the_float32_base(ft_model_dir, ft_data,
+                                                                                         tmp_path):
+    _, log32, _, _ = lora_run(ft_model_dir, ft_data, tmp_path / "fp32", "float32")
+    result, log16, before, base = lora_run(ft_model_dir, ft_data, tmp_path / "bf16", "bfloat16")
+    assert result["status"] == "finished" and result["config"]["base_dtype"] == "bfloat16"
+    for a, b in zip(log32, log16):
+        assert abs(a["sft_loss"] - b["sft_loss"]) <= LORA_LOSS_TOLERANCE, (a, b)
+        assert abs(a["vcl_loss"] - b["vcl_loss"]) <= LORA_LOSS_TOLERANCE, (a, b)
+    assert log16[-1]["sft_loss"] < log16[0]["sft_loss"]  # it trains
+    after = base.state_dict()
+    weight = "model.layers.0.mlp.up_proj"
+    assert after[f"{weight}.base_layer.weight"].dtype == torch.float32  # evaluated and saved over float32
+    assert torch.equal(before[f"{weight}.weight"], after[f"{weight}.base_layer.weight"])  # not a bf16 round trip
+    assert all(p.dtype == torch.float32 for p in base.parameters() if p.requires_grad)  # adapters stay float32
+
+
+def test_a_bf16_base_needs_frozen_weights(ft_model_dir, ft_data, tmp_path):
+    from flowlens.finetune import FinetuneConfig, finetune
+
+    with pytest.raises(ValueError, match="use LoRA"):
+        finetune(FinetuneConfig(model=str(ft_model_dir), data=str(ft_data), out=str(tmp_path / "run"), steps=1,
+                                batch_size=4, progress=False, base_dtype="bfloat16"))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="unknown dtype"):
+        FinetuneConfig(model="m", data="d", out="o", base_dtype="half")
