@@ -85,7 +85,8 @@ def _train(args) -> int:
                          batch_size=args.batch_size, lr=args.lr, total_tokens=args.tokens,
                          dead_after_tokens=args.dead_after_tokens, options=_parse_options(args.option),
                          log_every_steps=args.log_every, checkpoint_every_steps=args.checkpoint_every,
-                         seed=args.seed, metadata=_store_metadata(store, block, args.store)).validate()
+                         seed=args.seed, metadata=_store_metadata(store, block, args.store),
+                         autocast=args.autocast).validate()
 
     def stream():
         """Epochs of shuffled batches, for as long as training asks; rank r takes every world-th batch.
@@ -344,6 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--log-every", type=int, default=10, help="steps between log lines")
     tr.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--autocast", action="store_true",
+                    help="topk: the dense encoder product in bfloat16 (about 1.5x faster a step on a CPU with AMX, "
+                         "the same EV; it only chooses the k latents, whose values and gradients stay float32)")
     tr.add_argument("--threads", type=at_least(1),
                     default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
     tr.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")

@@ -108,9 +108,13 @@ class TrainingTopKSAE(nn.Module):
     rows, pre_bias (d_in,); tokens_since_fired (d_sae,) counts tokens since each latent last fired.
     """
 
-    def __init__(self, cfg: TopKConfig):
+    def __init__(self, cfg: TopKConfig, dense_dtype: torch.dtype | None = None):
         super().__init__()
         self.cfg = cfg.validate()
+        # the dtype of the one dense product under autocast (None: float32). It only chooses the k latents:
+        # their values, the decoder, the losses and every gradient stay float32 (the sparse CSR kernels of
+        # the backward have no bf16 version on CPU)
+        self.dense_dtype = dense_dtype
         generator = torch.Generator().manual_seed(cfg.seed)
         directions = torch.randn(cfg.d_sae, cfg.d_in, generator=generator)
         set_decoder_unit_norm_(directions)
@@ -141,10 +145,13 @@ class TrainingTopKSAE(nn.Module):
         (batch, d_in, detached), latent_index and latent_values (batch, k, detached)."""
         centred = x - self.pre_bias
         with torch.no_grad():  # the one dense product: TopK has to see every pre-activation
-            pre_activations = torch.addmm(self.encoder_bias, centred, self.encoder_weight.t())
+            with torch.autocast(x.device.type, dtype=self.dense_dtype or torch.float32,
+                                enabled=self.dense_dtype is not None):
+                pre_activations = torch.addmm(self.encoder_bias, centred, self.encoder_weight.t())
             latent_index = sort_rows(pre_activations.topk(self.cfg.k, dim=1, sorted=False).indices)
-        latent_values = select_pre_activations(
-            pre_activations, centred, self.encoder_weight, self.encoder_bias, latent_index).relu()
+        latent_values = select_pre_activations(  # None: the chosen values computed in float32
+            None if self.dense_dtype is not None else pre_activations, centred, self.encoder_weight,
+            self.encoder_bias, latent_index).relu()
         reconstruction = sparse_decode(latent_values, latent_index, self.decoder_weight) + self.pre_bias
         mse_loss = normalized_mse(reconstruction, x)
         aux_loss = self._aux_loss(x, centred.detach(), pre_activations, reconstruction.detach())

@@ -71,6 +71,7 @@ class TrainConfig:
     checkpoint_every_steps: int = 100
     seed: int = 0
     metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, store path
+    autocast: bool = False  # topk: the dense encoder product in bf16 (it only picks the latents; docs/dtype.md)
 
     def validate(self) -> "TrainConfig":
         if self.architecture not in TRAINERS:
@@ -81,6 +82,9 @@ class TrainConfig:
                      "checkpoint_every_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.autocast and self.architecture != "topk":
+            raise ValueError(f"autocast is an option of the topk trainer (its dense encoder product), not of "
+                             f"{self.architecture}")
         return self
 
     def memory_bytes(self) -> int:
@@ -183,6 +187,7 @@ def load_checkpoint(path: Path, config: TrainConfig) -> dict:
     if state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointMismatchError(f"{path} is not a checkpoint of this trainer (format {state.get('format')})")
     saved, current = dict(state["config"]), config.to_dict()
+    saved.setdefault("autocast", False)  # checkpoints from before the option trained in float32
     differing = sorted(key for key in set(saved) | set(current)
                        if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key))
     if differing:

@@ -68,7 +68,7 @@ class TopKTrainer:
                                   **config.options).validate()
         except TypeError as err:  # an option of the wrong type, e.g. aux_k="many"
             raise ValueError(f"bad options for topk {config.options}: {err}") from None
-        self.sae = TrainingTopKSAE(self.cfg)
+        self.sae = TrainingTopKSAE(self.cfg, dense_dtype=torch.bfloat16 if config.autocast else None)
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=self.cfg.lr,
                                           betas=(self.cfg.adam_beta1, self.cfg.adam_beta2), eps=self.cfg.adam_eps,
                                           fused=True)  # one pass over the 2 x d_sae x d_in weights

@@ -211,3 +211,68 @@ def test_a_bf16_base_needs_frozen_weights(ft_model_dir, ft_data, tmp_path):
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="unknown dtype"):
         FinetuneConfig(model="m", data="d", out="o", base_dtype="half")
+
+
+# ----------------------------------------------------------------------------- SAE training under autocast
+
+SAE_EV_TOLERANCE = 0.005  # absolute, held-out explained variance after the same steps (docs/dtype.md)
+
+
+def sparse_data(n: int, d_in: int = 64, n_true: int = 256, active: int = 4, seed: int = 0) -> torch.Tensor:
+    """(n, d_in) vectors, each a sum of `active` of `n_true` random unit directions with random magnitudes."""
+    generator = torch.Generator().manual_seed(seed)
+    directions = torch.nn.functional.normalize(torch.randn(n_true, d_in, generator=generator), dim=1)
+    which = torch.rand(n, n_true, generator=generator).topk(active, dim=1).indices
+    magnitude = torch.rand(n, active, generator=generator) * 3 + 1
+    return (magnitude.unsqueeze(-1) * directions[which]).sum(1) + 0.05 * torch.randn(n, d_in, generator=generator)
+
+
+def trained_topk(autocast: bool, data: torch.Tensor, steps: int = 100, batch: int = 256, lr: float = 3e-3):
+    from saes.train import TrainConfig
+    from saes.trainers import make_trainer
+
+    trainer = make_trainer(TrainConfig(d_in=data.shape[1], d_sae=128, k=8, batch_size=batch, lr=lr,
+                                       autocast=autocast).validate())
+    trainer.prepare(data[:batch])
+    for step in range(steps):
+        start = step * batch % (len(data) - batch)
+        trainer.step(data[start:start + batch])
+    return trainer
+
+
+def explained_variance(sae, data: torch.Tensor) -> float:
+    with torch.no_grad():
+        reconstruction = sae.decode(sae.encode(data))
+    return 1 - float((reconstruction - data).pow(2).sum() / (data - data.mean(0)).pow(2).sum())
+
+
+def test_topk_training_with_a_bf16_dense_product_reaches_the_float32_ev():
+    data, held_out = sparse_data(4096, n_true=64), sparse_data(1024, n_true=64, seed=1)
+    plain, mixed = trained_topk(False, data), trained_topk(True, data)
+    ev_plain = explained_variance(plain.to_inference(), held_out)
+    ev_mixed = explained_variance(mixed.to_inference(), held_out)
+    ev_untrained = explained_variance(trained_topk(False, data, steps=0).to_inference(), held_out)
+    assert ev_plain > ev_untrained + 0.05  # it learned something, so the comparison means something
+    assert abs(ev_mixed - ev_plain) <= SAE_EV_TOLERANCE, (ev_plain, ev_mixed)
+    assert all(p.dtype == torch.float32 for p in mixed.sae.parameters())
+
+
+def test_the_bf16_dense_product_only_chooses_latents_whose_values_stay_float32():
+    from saes.topk import TopKConfig, TrainingTopKSAE
+
+    x = sparse_data(128)
+    sae = TrainingTopKSAE(TopKConfig(d_in=64, d_sae=128, k=8, batch_size=128), dense_dtype=torch.bfloat16)
+    out = sae(x)
+    assert out["latent_values"].dtype == torch.float32
+    exact = (x - sae.pre_bias) @ sae.encoder_weight.t() + sae.encoder_bias  # float32, dense
+    chosen = exact.detach().gather(1, out["latent_index"]).relu()
+    torch.testing.assert_close(out["latent_values"], chosen, rtol=1e-5, atol=1e-5)
+    out["loss"].backward()  # the sparse float32 backward runs
+    assert sae.encoder_weight.grad.dtype == torch.float32
+
+
+def test_autocast_is_refused_for_trainers_without_it():
+    from saes.train import TrainConfig
+
+    with pytest.raises(ValueError, match="autocast is an option of the topk trainer"):
+        TrainConfig(architecture="lens-topk", autocast=True).validate()
