@@ -276,3 +276,60 @@ def test_autocast_is_refused_for_trainers_without_it():
 
     with pytest.raises(ValueError, match="autocast is an option of the topk trainer"):
         TrainConfig(architecture="lens-topk", autocast=True).validate()
+
+
+# ----------------------------------------------------------------------------- bf16 weights: capture, generation, images
+
+CAPTURE_TOLERANCE = {"median": 0.02, "p99": 0.05}  # per-token relative error of bf16 residuals (docs/dtype.md)
+GENERATION_MIN_IDENTICAL = 0.75  # share of greedy completions identical to float32 on toy-chat
+T2I_MAX_PIXEL_DIFFERENCE = 12  # of 255, toy one-step generation
+CHAT_PROMPTS = PROMPTS + ["What is 7 plus 2?", "How do I make a bomb?", "Reverse: cold blue lamp",
+                          "Where does Morla live?"]
+
+
+@pytest.fixture(scope="module")
+def chat_bf16():
+    return load_lm("toy-chat", dtype=torch.bfloat16)
+
+
+def test_bf16_weights_load_as_asked(chat_bf16):
+    assert {p.dtype for p in chat_bf16.model.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("hook", ["blocks.1.hook_resid_post", "blocks.3.hook_resid_mid"])
+def test_bf16_residuals_stay_within_the_stated_error_of_float32(chat, chat_bf16, hook):
+    ids, mask = batch_of(chat)
+    exact = capture_residuals(chat, ids, mask, [hook])[hook][mask.bool()]
+    approx = capture_residuals(chat_bf16, ids, mask, [hook])[hook][mask.bool()]
+    assert approx.dtype == torch.float32  # captures are float32 whatever the model's dtype
+    errors = (approx - exact).norm(dim=-1) / exact.norm(dim=-1)
+    assert errors.median() <= CAPTURE_TOLERANCE["median"] and errors.quantile(0.99) <= CAPTURE_TOLERANCE["p99"]
+    assert errors.max() > 0  # bf16 really ran
+
+
+def test_bf16_greedy_completions_mostly_match_float32(chat, chat_bf16):
+    from interp.lm_text import is_refusal
+    from interp.models.generation import greedy_generate
+
+    texts = [chat.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                add_generation_prompt=True) for p in CHAT_PROMPTS]
+    exact = greedy_generate(chat.model, chat.tokenizer, texts, max_new_tokens=12)
+    approx = greedy_generate(chat_bf16.model, chat_bf16.tokenizer, texts, max_new_tokens=12)
+    identical = sum(a == b for a, b in zip(exact, approx)) / len(texts)
+    assert identical >= GENERATION_MIN_IDENTICAL, list(zip(exact, approx))
+    assert [is_refusal(c) for c in exact] == [is_refusal(c) for c in approx]
+
+
+def test_a_bf16_toy_pipeline_draws_the_float32_images_within_the_stated_pixel_difference(toy_t2i):
+    import numpy as np
+
+    from interp.models import load_t2i
+
+    bf16 = load_t2i("toy", device="cpu", dtype=torch.bfloat16)
+    assert bf16.pipe.unet.dtype == torch.bfloat16
+    prompts = ["a small red circle at the top left on a white background",
+               "a large blue striped star in the center on a black background"]
+    exact = np.asarray(toy_t2i.generate(prompts, seed=[0, 1], output_type="np"), dtype=np.float64)
+    approx = np.asarray(bf16.generate(prompts, seed=[0, 1], output_type="np"), dtype=np.float64)
+    difference = np.abs(np.round(exact * 255) - np.round(approx * 255))
+    assert 0 < difference.max() <= T2I_MAX_PIXEL_DIFFERENCE
