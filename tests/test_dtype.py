@@ -333,3 +333,13 @@ def test_a_bf16_toy_pipeline_draws_the_float32_images_within_the_stated_pixel_di
     approx = np.asarray(bf16.generate(prompts, seed=[0, 1], output_type="np"), dtype=np.float64)
     difference = np.abs(np.round(exact * 255) - np.round(approx * 255))
     assert 0 < difference.max() <= T2I_MAX_PIXEL_DIFFERENCE
+
+
+def test_the_app_loads_its_shared_language_models_in_the_dtype_asked_and_refuses_others(tmp_path):
+    from app import Workbench
+
+    bench = Workbench("toy", data_dir=tmp_path / "data", lm_dtype="bfloat16")
+    assert bench.lm_dtype == "bfloat16" and bench.dtype is None
+    assert next(bench.lm("toy-chat").model.parameters()).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype 'int8'"):
+        Workbench("toy", data_dir=tmp_path / "data", dtype="int8")
