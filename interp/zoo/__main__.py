@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cli import add_dtype_argument
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m interp.zoo",
@@ -22,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--n", type=int, default=500, help="generations per object count")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--out", default=None, help="write JSON and a markdown table here")
+    add_dtype_argument(evaluate, what="the pipeline")
     evaluate.add_argument("--zero-pooled-text", action="store_true",
                           help="set the pooled prompt embedding (the prompt's path into the time embedding) to zero, "
                                "so the prompt reaches the image through the cross-attention blocks alone")

@@ -21,11 +21,12 @@ def markdown_table(results: dict) -> str:
 
 
 def evaluate_command(args) -> int:
+    from ..cli import parse_dtype
     from ..models import ModelError, load_t2i
     from .t2i_recipe import evaluate, zero_pooled_text
 
     try:
-        model = load_t2i(args.model, device="cpu")
+        model = load_t2i(args.model, device="cpu", dtype=parse_dtype(args.dtype))
     except ModelError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -42,6 +43,7 @@ def evaluate_command(args) -> int:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "t2i_eval.json", json.dumps({"model": args.model, "seed": args.seed, "steps": 1,
                                                               "zero_pooled_text": args.zero_pooled_text,
+                                                              "model_dtype": args.dtype,
                                                               "attributes": list(ATTRIBUTES), "results": results},
                                                              indent=2, allow_nan=False))
         atomic_write_text(out / "t2i_eval.md", table + "\n")
