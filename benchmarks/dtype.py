@@ -121,6 +121,20 @@ def bench_capture(args, lm32, lm16) -> tuple[dict, torch.Tensor]:
     return result, results["today"]
 
 
+def capture_vectors(args, lm) -> torch.Tensor:
+    """(tokens, d_model) float32 residuals at the capture hook of the capture path's corpus batches."""
+    hook = args.hook or f"blocks.{lm.n_layers // 2}.hook_resid_post"
+    sequences = token_sequences(lm.tokenizer, read_documents(args.text), min(args.context, lm.n_ctx))
+    sequences = sequences[:args.capture_batches * args.batch_size]
+    out = []
+    for b in range(0, len(sequences), args.batch_size):
+        ids, mask = padded(lm, sequences[b:b + args.batch_size])
+        with residual_capture(lm, [hook]) as session:
+            forward_padded(lm, ids, mask, stop_after=[hook])
+        out.append(session.activations[hook][mask.bool()])
+    return torch.cat(out)
+
+
 # ----------------------------------------------------------------------------- generation
 
 def bench_generation(args, lm32, lm16) -> dict:
@@ -297,12 +311,14 @@ def main() -> int:
         lm32 = load_lm(model, dtype=torch.float32)
         lm16 = load_lm(model, dtype=torch.bfloat16) if {"capture", "generation"} & lm_paths else None
         vectors = None
-        if "capture" in args.only or "sae" in args.only:
-            result["capture"], vectors = bench_capture(args, lm32, lm16 or load_lm(model, dtype=torch.bfloat16))
+        if "capture" in args.only:
+            result["capture"], vectors = bench_capture(args, lm32, lm16)
             c = result["capture"]
             print(f"capture {c['tokens']} tokens at {c['hook']}: today {c['tokens_per_s']['today']:.0f} tok/s, "
                   f"truncated {c['truncated_over_today']:.2f}x (bit-identical: {c['truncated_bit_identical']}), "
                   f"bf16 + truncated {c['bf16_over_today']:.2f}x; relative error {c['bf16_relative_error']}")
+        elif "sae" in args.only:  # the SAE's data alone: float32 residuals of the same corpus batches
+            vectors = capture_vectors(args, lm32)
         if "generation" in args.only:
             result["generation"] = g = bench_generation(args, lm32, lm16)
             print(f"generation {g['prompts']} prompts: float32 {g['tokens_per_s']['float32']:.0f} tok/s, bf16 "

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import nn
 
-from .sparse_ops import select_pre_activations, sort_rows, sparse_decode
+from .sparse_ops import gather_dots, select_pre_activations, sort_rows, sparse_decode
 
 
 @dataclass
@@ -148,7 +148,7 @@ class TrainingTopKSAE(nn.Module):
             with torch.autocast(x.device.type, dtype=self.dense_dtype or torch.float32,
                                 enabled=self.dense_dtype is not None):
                 pre_activations = torch.addmm(self.encoder_bias, centred, self.encoder_weight.t())
-            latent_index = sort_rows(pre_activations.topk(self.cfg.k, dim=1, sorted=False).indices)
+            latent_index = self._choose_latents(pre_activations, centred)
         latent_values = select_pre_activations(  # None: the chosen values computed in float32
             None if self.dense_dtype is not None else pre_activations, centred, self.encoder_weight,
             self.encoder_bias, latent_index).relu()
@@ -163,6 +163,17 @@ class TrainingTopKSAE(nn.Module):
             "latent_index": latent_index,
             "latent_values": latent_values.detach(),
         }
+
+    def _choose_latents(self, pre_activations: torch.Tensor, centred: torch.Tensor) -> torch.Tensor:
+        """(batch, k) indices of each row's top k latents, sorted per row. With a bf16 dense product, bf16 proposes
+        2k candidates and their float32 pre-activations choose the k: bf16 cannot order near-ties (its resolution
+        is 2**-8 of a value), and a wrong choice among them was measured to cost held-out EV."""
+        k = self.cfg.k
+        if self.dense_dtype is None:
+            return sort_rows(pre_activations.topk(k, dim=1, sorted=False).indices)
+        candidates = sort_rows(pre_activations.topk(min(2 * k, self.cfg.d_sae), dim=1, sorted=False).indices)
+        exact = gather_dots(candidates, centred, self.encoder_weight) + self.encoder_bias[candidates]
+        return sort_rows(candidates.gather(1, exact.topk(k, dim=1, sorted=False).indices))
 
     def _aux_loss(self, x, centred, pre_activations, reconstruction) -> torch.Tensor:
         """AuxK: the top aux_k dead latents reconstruct the residual x - reconstruction.
