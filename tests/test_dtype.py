@@ -267,6 +267,8 @@ def test_the_bf16_dense_product_only_chooses_latents_whose_values_stay_float32()
     exact = (x - sae.pre_bias) @ sae.encoder_weight.t() + sae.encoder_bias  # float32, dense
     chosen = exact.detach().gather(1, out["latent_index"]).relu()
     torch.testing.assert_close(out["latent_values"], chosen, rtol=1e-5, atol=1e-5)
+    # bf16 proposes, float32 decides: the chosen latents are float32's own top k
+    assert torch.equal(out["latent_index"], exact.detach().topk(8, dim=1).indices.sort(dim=1).values)
     out["loss"].backward()  # the sparse float32 backward runs
     assert sae.encoder_weight.grad.dtype == torch.float32
 
