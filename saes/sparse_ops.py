@@ -93,9 +93,10 @@ class SelectedPreActivations(torch.autograd.Function):
     """values[b, j] = inputs[b] . weight[index[b, j]] + bias[index[b, j]], with a sparse backward.
 
     The forward reads the entries from the dense pre-activations already computed (no_grad) for
-    TopK, or computes just them when ``pre_activations`` is None (when the dense product ran in bf16 only
-    to choose the latents: the values stay float32); the backward sends the gradient only to the selected
-    rows of the encoder. pre_activations: (batch, n_latents) detached, or None; inputs: (batch, d_in); weight: (n_latents, d_in);
+    TopK, or takes them as given when ``pre_activations`` is already (batch, m), the index's own entries (the
+    float32 values of latents a bf16 dense product chose; with m == n_latents the sorted index is every latent,
+    so both readings agree); the backward sends the gradient only to the selected rows of the encoder.
+    pre_activations: (batch, n_latents) or (batch, m), detached; inputs: (batch, d_in); weight: (n_latents, d_in);
     bias: (n_latents,); index: (batch, m) sorted per row -> (batch, m).
     """
 
@@ -103,8 +104,8 @@ class SelectedPreActivations(torch.autograd.Function):
     def forward(ctx, pre_activations, inputs, weight, bias, index):
         ctx.save_for_backward(inputs, weight, index)
         ctx.n_latents = weight.shape[0]
-        if pre_activations is None:
-            return gather_dots(index, inputs, weight) + bias[index]
+        if pre_activations.shape == index.shape:
+            return pre_activations.clone()
         return pre_activations.gather(1, index)
 
     @staticmethod
