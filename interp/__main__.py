@@ -27,6 +27,7 @@ def _lm_description(name: str) -> dict:
     from transformers import AutoConfig
 
     from .hooks.lm import residual_hook_names
+    from .hooks.lm_sites import family_of
     from .models.lm import LMError, hf_n_ctx, resolve_lm
 
     source, local = resolve_lm(name)
@@ -35,8 +36,11 @@ def _lm_description(name: str) -> dict:
     except OSError as error:
         raise LMError(f"cannot read the config of {name!r}: {error}") from error
     n_layers = config.num_hidden_layers
-    return {"model": name, "kind": "language-model", "model_type": config.model_type, "n_layers": n_layers,
-            "d_model": config.hidden_size, "n_ctx": hf_n_ctx(config), "hooks": residual_hook_names(n_layers)}
+    family = family_of(config)  # the site table's; an unknown family is one clear line
+    sites = ("resid_pre", "resid_mid", "resid_post") if family.mlp_input else ("resid_pre", "resid_post")
+    return {"model": name, "kind": "language-model", "model_type": config.model_type, "family": family.name,
+            "n_layers": n_layers, "d_model": config.hidden_size, "n_ctx": hf_n_ctx(config),
+            "hooks": residual_hook_names(n_layers, sites)}
 
 
 def _blocks(args) -> int:

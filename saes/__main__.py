@@ -366,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  "loss recovered and KL; --tokens caps the scored tokens")
     ev.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
     ev.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
+    ev.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
+                    help="--text: the language model's backend (both read the same residual stream)")
     ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json; .md beside it)")
     ev.set_defaults(run=_eval)
 
@@ -394,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
                                                  "with Dolly's or text fields, or plain text lines)")
     fe.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
+    fe.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
+                    help="--text: the language model's backend (both read the same residual stream)")
     fe.set_defaults(run=_features)
 
     from . import causal

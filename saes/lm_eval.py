@@ -183,7 +183,7 @@ def lm_eval_command(args) -> int:
 
         torch.set_num_threads(args.threads)
         documents = read_documents(args.text)  # bad files fail before the model loads
-        lm = load_lm(args.model, device=getattr(args, "device", None) or "cpu")
+        lm = load_lm(args.model, backend=getattr(args, "backend", "hf"), device=getattr(args, "device", None) or "cpu")
         check_sae_for_model(sae, lm, hook)
         recorded = sae.cfg.metadata.get("model_name")
         if recorded and recorded != args.model:
