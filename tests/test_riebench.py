@@ -338,7 +338,7 @@ def test_prompt_swap_reference_on_the_toy_model_mostly_succeeds(toy_t2i, tmp_pat
                     or not (Path(__file__).resolve().parents[1] / "saes" / "pretrained" / "toy" / "report.json").exists(),
                     reason="needs the embedded toy model and its shipped SAEs")
 def test_sae_transport_changes_colour_through_the_block_that_draws_it_and_not_through_sdxls_four(toy_t2i, tmp_path):
-    """The README's per-block finding, on 8 colour tasks: transported features edit the colour from
+    """The per-block finding (docs/experiments/riebench.md), on 8 colour tasks: transported features edit the colour from
     up_blocks.1.attentions.2 (preserving the rest) and do nothing from SDXL's four blocks."""
     colour_block = "up_blocks.1.attentions.2"
     configs = [MethodConfig("sae", 8, 1.0, [colour_block]), MethodConfig("sae", 8, 1.0, list(SDXL_BLOCKS))]

@@ -53,7 +53,7 @@ def build_riebench_tab(bench) -> RIEBenchTab:
             with gr.Column():
                 method = gr.Dropdown(methods, value=default_method, label="Method", elem_id="riebench-method")
                 with gr.Row():
-                    # the sweep's best SAE configuration over all categories (README): k_trans 8, m 1
+                    # the sweep's best SAE configuration over all categories (docs/experiments/riebench.md): k_trans 8, m 1
                     k_trans = Number(value=8, minimum=1, label="k_trans (units moved)", elem_id="riebench-k")
                     multiplier = Number(value=1.0, label="m (multiplier)", elem_id="riebench-m")
                 variant = gr.Radio(list(VARIANTS), value="static", label="Variant (sae)", elem_id="riebench-variant")
