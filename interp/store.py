@@ -473,10 +473,9 @@ def lm_collect_command(args) -> int:
     documents = read_documents(args.text)
     text_sha256 = hashlib.sha256(read_text_file(args.text).encode("utf-8")).hexdigest()
     lm = load_lm(args.model, backend=args.backend, device=args.device or "cpu")
-    from .hooks.lm import parse_hook_name
+    from .hooks.lm import check_hooks
 
-    for hook in args.blocks:  # before tokenizing: a wrong name is the commonest mistake
-        parse_hook_name(hook, lm.n_layers)
+    check_hooks(lm, args.blocks)  # before tokenizing and before any file: a wrong name is the commonest mistake
     context = min(args.context, lm.n_ctx)
     sequences = token_sequences(lm.tokenizer, documents, context)
     selected, note = limit_tokens(select_positions(sequences, args.positions), args.max_tokens, args.allow_fewer,

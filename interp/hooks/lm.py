@@ -72,6 +72,22 @@ def model_sites(lm) -> tuple[str, ...]:
     return lm_sites(lm.model).sites()
 
 
+def check_hooks(lm, names: Iterable[str]) -> None:
+    """Refuse, before any forward pass, a hook name the model lacks: a malformed name or layer, a site its family
+    has not (resid_mid of a parallel-residual model), or a family the site table does not know."""
+    lm = language_model(lm)
+    names = list(names)
+    parsed = [parse_hook_name(name, lm.n_layers) for name in names]
+    if lm.backend == "transformer_lens":
+        for name in names:
+            if name not in lm.model.hook_dict:
+                raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(lm.n_layers)}")
+        return
+    sites = lm_sites(lm.model)
+    for _, hook in parsed:
+        sites.check(hook)
+
+
 def language_model(model):
     """The `interp.models.lm.LanguageModel` view hooks need (``model``, ``backend``, ``n_layers``) of a loaded
     LanguageModel (returned as it is), a bare Hugging Face causal LM (peft-wrapped too, as fine-tuning hands
@@ -106,10 +122,7 @@ class ResidualCapture(ScopedHooks):
         self.lm = lm = language_model(lm)
         self.names = list(dict.fromkeys(names))
         self.parsed = {name: parse_hook_name(name, lm.n_layers) for name in self.names}
-        if lm.backend == "hf":
-            sites = lm_sites(lm.model)  # an unknown family is refused here, before any forward pass
-            for _, hook in self.parsed.values():
-                sites.check(hook)
+        check_hooks(lm, self.names)  # an unknown family or site is refused here, before any forward pass
         self.last_index = last_index
         self.keep_graph = keep_graph
         self.activations: dict[str, torch.Tensor] = {}
@@ -291,6 +304,6 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
     return torch.cat(out)
 
 
-__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "capture_residuals",
+__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "capture_residuals", "check_hooks",
            "decoder_layers", "format_prompts", "language_model", "last_token_residuals", "model_sites", "parse_hook_name",
            "residual_capture", "residual_hook_names", "strip_trailing_punctuation"]
