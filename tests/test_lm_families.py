@@ -269,3 +269,45 @@ def test_interp_hooks_lists_only_the_sites_a_model_has_and_refuses_an_unknown_fa
     assert main(["hooks", "--model", str(bloom)]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "no site table for model_type 'bloom'" in error and "transformer_lens" in error
+
+
+def _tokenizer(adds_bos: bool, template: str | None):
+    from tokenizers import processors
+
+    tokenizer = word_level_tokenizer([" ".join(WORDS)], extra_words=["user", "assistant"])
+    if not adds_bos:  # as GPT-2's and Qwen's tokenizers: no special token added
+        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A")
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+TEMPLATE_WITH_BOS = ("{{ bos_token }}{% for m in messages %}{{ m.role }} {{ m.content }} {% endfor %}"
+                     "{% if add_generation_prompt %}assistant{% endif %}")  # as Llama 3's, Gemma's
+TEMPLATE_WITHOUT_BOS = TEMPLATE_WITH_BOS.replace("{{ bos_token }}", "")  # as Qwen's, SmolLM2's
+
+
+@pytest.mark.parametrize("adds_bos,template", [(True, None), (False, None), (True, TEMPLATE_WITH_BOS),
+                                               (False, TEMPLATE_WITHOUT_BOS)],
+                         ids=["adds-bos", "no-bos", "template-with-bos", "template-without-bos"])
+def test_prompts_carry_one_start_token_and_the_tokenizers_own_chat_template(models, adds_bos, template):
+    from interp.hooks.lm import format_prompts
+    from interp.hooks.lm_steer import prompt_texts
+    from interp.lm_text import token_sequences
+    from interp.models.lm import LanguageModel
+
+    tokenizer = _tokenizer(adds_bos, template)
+    model = model_of(models, "llama")
+    lm = LanguageModel(model, tokenizer, n_layers=2, d_model=32, n_ctx=128, backend="hf", name="tiny")
+    prompts = ["the cat sat", "a dog ran"]
+    texts, add_special = prompt_texts(lm, prompts)
+    encoded = tokenizer(texts, add_special_tokens=add_special)["input_ids"]
+    bos = tokenizer.bos_token_id
+    provides_bos = adds_bos if template is None else "bos_token" in template
+    for ids in encoded:
+        assert ids.count(bos) == (1 if provides_bos else 0) and (not provides_bos or ids[0] == bos)
+    if template is not None:
+        assert texts == [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                       add_generation_prompt=True) for p in prompts]
+        assert format_prompts(tokenizer, prompts, chat_template=None) == texts
+    for sequence in token_sequences(tokenizer, [" ".join(WORDS)], context=8):
+        assert sequence.count(sequence[0]) == 1  # one start token, never a second from the tokenizer
