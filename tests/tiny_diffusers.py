@@ -71,7 +71,7 @@ def _sd1(tokenizer, scheduler):
                                 attention_head_dim=2, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
     scheduler = scheduler or EulerDiscreteScheduler(beta_schedule="scaled_linear", beta_start=0.00085,
-                                                    beta_end=0.012)
+                                                    beta_end=0.012, steps_offset=1)
     return StableDiffusionPipeline(vae=_vae(), text_encoder=_clip(tokenizer), tokenizer=tokenizer, unet=unet,
                                    scheduler=scheduler, safety_checker=None, feature_extractor=None,
                                    requires_safety_checker=False)
@@ -149,6 +149,9 @@ def tiny_pipeline(family: str, seed: int = 0, scheduler=None):
         module = getattr(pipe, name, None)
         if module is not None:
             roughen(module, seed + i)
+    for _, module in pipe.components.items():
+        if isinstance(module, torch.nn.Module):
+            module.eval()  # built, not loaded: without this T5's dropout would be on (from_pretrained sets eval)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
