@@ -193,6 +193,10 @@ def mlp_neuron_modules(model_or_unet, block: str) -> list[str]:
     """Module paths of the MLP input projections (``ff.net.0``: the neurons) of a block's transformer layers,
     in layer order: the U-Net's neuron sites."""
     unet = unet_of(model_or_unet)
+    family = _family(unet)
+    if family.tokens:
+        raise HookError(f"MLP neuron sites are a U-Net's (the layers of its transformer blocks); {family.name} "
+                        f"blocks have none here: edit their updates or SAE features instead")
     key = block_name(block)
     names = [n for n, _ in unet.named_modules() if n.startswith(key + ".transformer_blocks.") and n.endswith(".ff.net.0")]
     if not names:
