@@ -315,3 +315,19 @@ def test_riebench_refuses_to_score_the_shapes_suite_on_a_model_without_ground_tr
 
     with pytest.raises(GroundTruthError, match="tiny-sd1 has no ground truth"):
         Runner(RunConfig(configs=[MethodConfig("prompt-swap")]), tmp_path, model=model_of("sd1"), progress=False)
+
+
+def test_outside_run_pipeline_heun_is_one_generation_and_one_step_generations_stay_apart():
+    """Called directly (no `run_pipeline`), the scheduler is unknown: calls are steps, Heun's repeated timesteps
+    stay in their generation, and back-to-back one-step generations (the same timestep each) are apart."""
+    model = heun_model()
+    block = model.default_blocks[0]
+    with capture_updates(model, [block]) as cap:
+        model.pipe("red circle", num_inference_steps=4, guidance_scale=0.0, output_type="latent")
+        model.pipe("red circle", num_inference_steps=4, guidance_scale=0.0, output_type="latent")
+    assert cap.n_generations == 2 and cap.updates(block).shape[0] == 7
+    one_step = model_of("sd1")
+    with capture_updates(one_step, [block]) as cap:
+        for _ in range(3):
+            one_step.pipe("red circle", num_inference_steps=1, guidance_scale=0.0, output_type="latent")
+    assert cap.n_generations == 3 and cap.updates(block).shape[0] == 1

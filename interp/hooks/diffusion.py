@@ -119,6 +119,7 @@ class StepState:
     grid: tuple[int, int] | None = None  # a DiT call's block grid (height, width); None for a U-Net
     last_timestep: float | None = None
     last_call: GenerationCall | None = None
+    repeated: bool = False  # outside `run_pipeline`: the last call repeated its predecessor's timestep
 
     def advance(self, sample: torch.Tensor, timestep, encoder_hidden_states) -> None:
         call = current_generation_call()
@@ -127,8 +128,14 @@ class StepState:
             new_generation = call is not self.last_call
             self.cfg = call.cfg
         else:
-            # Schedulers walk timesteps downwards within one call; Heun and DPM-2 repeat one (its second call).
-            new_generation = self.last_timestep is None or t > self.last_timestep
+            # Schedulers walk timesteps downwards within one call. Heun and DPM-2 repeat each but the first once
+            # (t0, t1, t1, t2, t2, ...); a timestep equal to the last is a new generation unless it is such a
+            # repeat (so one-step generations, 999 each, stay apart).
+            repeat = (self.last_timestep is not None and t == self.last_timestep and self.call > 0
+                      and not self.repeated)
+            new_generation = self.last_timestep is None or t > self.last_timestep or (
+                t == self.last_timestep and not repeat)
+            self.repeated = repeat
             self.cfg = _looks_like_cfg(sample, encoder_hidden_states)
         self.last_call, self.last_timestep = call, t
         self.call = 0 if new_generation else self.call + 1

@@ -119,7 +119,8 @@ class T2IModel:
         return default_latent_side(self.pipe) * self.pipe.vae_scale_factor
 
     def describe(self) -> dict:
-        return {"name": self.name, "default_steps": self.default_steps, "default_guidance": self.default_guidance,
+        return {"name": self.name, "family": self.family.name, "pipeline": type(self.pipe).__name__,
+                "default_steps": self.default_steps, "default_guidance": self.default_guidance,
                 "default_size": self.default_size, "default_blocks": list(self.default_blocks),
                 "blocks": {k: asdict(v) for k, v in self.blocks.items()}}
 
