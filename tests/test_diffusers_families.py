@@ -332,3 +332,24 @@ def test_outside_run_pipeline_heun_is_one_generation_and_one_step_generations_st
         for _ in range(3):
             one_step.pipe("red circle", num_inference_steps=1, guidance_scale=0.0, output_type="latent")
     assert cap.n_generations == 3 and cap.updates(block).shape[0] == 1
+
+
+def test_neuron_records_know_their_scheduler_step_under_heun():
+    from interp.hooks.diffusion import capture_neurons
+
+    model = heun_model()
+    block = model.default_blocks[0]
+    with capture_neurons(model, [block]) as neurons:
+        model.generate("red circle", seed=1, output_type="latent")
+    assert neurons.steps[block] == [0, 0, 1, 1, 2, 2, 3]
+    per_step = neurons.per_step(block)
+    assert len(per_step) == 4
+    torch.testing.assert_close(per_step[0][0], (neurons.records[block][0][0] + neurons.records[block][1][0]) / 2)
+    assert per_step[3][0] is neurons.records[block][6][0]
+
+
+def test_neuron_sites_of_a_dit_block_are_refused_by_name():
+    from interp.hooks.diffusion import HookError, capture_neurons
+
+    with pytest.raises(HookError, match="MLP neuron sites are a U-Net's"):
+        capture_neurons(model_of("sd3"), ["transformer_blocks.0"])

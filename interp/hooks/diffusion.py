@@ -231,13 +231,33 @@ def neuron_directions(model_or_unet, block: str) -> torch.Tensor:
 
 class NeuronCapture(ScopedHooks):
     """The neuron activations (outputs of every ``ff.net.0``) of blocks, per U-Net call, in the owning context
-    only: ``records[block]`` is a list over calls of a list over layers of (batch, tokens, neurons), float32 CPU."""
+    only: ``records[block]`` is a list over calls of a list over layers of (batch, tokens, neurons), float32 CPU;
+    ``steps[block]`` the scheduler step of each call (Heun's two calls a step share one)."""
 
     def __init__(self, model_or_unet, blocks):
         self.unet = unet_of(model_or_unet)
+        self.family = _family(self.unet)
         self.sites = {key: mlp_neuron_modules(self.unet, key) for key in resolve_blocks(self.unet, blocks)}
         self.records: dict[str, list[list[torch.Tensor]]] = {block: [] for block in self.sites}
+        self.steps: dict[str, list[int]] = {block: [] for block in self.sites}
+        self.state = StepState()
         self._handles: list = []
+
+    def _on_unet_call(self, module, args, kwargs=None):
+        if not self._active():
+            return None
+        arguments = self.family.call_arguments(module, args, kwargs or {})
+        self.state.advance(arguments["sample"], arguments["timestep"], arguments.get("encoder_hidden_states"))
+        return None
+
+    def per_step(self, block: str) -> list[list[torch.Tensor]]:
+        """``records[block]`` with the calls of each scheduler step averaged: a list over steps of a list over
+        layers of (batch, tokens, neurons)."""
+        grouped: dict[int, list[list[torch.Tensor]]] = {}
+        for step, call in zip(self.steps[block], self.records[block]):
+            grouped.setdefault(step, []).append(call)
+        return [[torch.stack(layer).mean(0) for layer in zip(*calls)] if len(calls) > 1 else calls[0]
+                for _, calls in sorted(grouped.items())]
 
     def _make_hook(self, block: str, layer: int):
         def hook(module, args, output):
@@ -245,11 +265,13 @@ class NeuronCapture(ScopedHooks):
                 return None
             if layer == 0:
                 self.records[block].append([])
+                self.steps[block].append(self.state.step)
             self.records[block][-1].append(output.detach().float().cpu())
             return None
         return hook
 
     def _register(self) -> None:
+        self._handles.append(self.unet.register_forward_pre_hook(self._on_unet_call, with_kwargs=True))
         modules = dict(self.unet.named_modules())
         for block, names in self.sites.items():
             for layer, name in enumerate(names):
