@@ -1,4 +1,4 @@
-"""Every supported denoiser family (SD 1.x U-Net, SD3, FLUX, PixArt-Sigma, Sana) on tiny random pipelines built
+"""Every supported denoiser family (SD 1.x and 2.x U-Nets, SD3, FLUX, PixArt-Sigma, Sana) on tiny random pipelines built
 here from configs (tests/tiny_diffusers.py): blocks, CFG halves, the store, edits, scheduler steps.
 
 What the hooks report is checked against what the blocks really compute, read by hooks written here without the
@@ -21,7 +21,7 @@ from interp.edits import Edit  # noqa: E402
 from interp.hooks import apply_edits, capture_updates  # noqa: E402
 from interp.models.t2i import ModelError, load_t2i, on_each_step  # noqa: E402
 
-CFG_FAMILIES = ("sd1", "sd3", "pixart", "sana")
+CFG_FAMILIES = ("sd1", "sd2", "sd3", "pixart", "sana")
 PROMPTS = ["red circle", "blue square"]
 # The module whose output is the image tokens a DiT's first block reads (patch embedding), for the geometry test.
 PATCH_EMBEDDING = {"sd3": "pos_embed", "flux": "x_embedder", "pixart": "pos_embed", "sana": "patch_embed"}
@@ -247,7 +247,7 @@ def test_a_saved_pipeline_loads_as_its_own_class(family, tmp_path):
     pipe = tiny_pipeline(family)
     pipe.save_pretrained(tmp_path / family)
     model = load_t2i(str(tmp_path / family), device="cpu")
-    assert type(model.pipe) is type(pipe) and model.family.name == ("unet" if family == "sd1" else family)
+    assert type(model.pipe) is type(pipe) and model.family.name == ("unet" if family in ("sd1", "sd2") else family)
     assert set(model.blocks) and set(model.default_blocks) <= set(model.blocks)
     assert model.check_prompt("  red circle ") == "red circle"
 

@@ -15,7 +15,7 @@ import torch
 
 from interp.zoo import WEIGHTS_DIR
 
-FAMILIES = ("sd1", "sd3", "flux", "pixart", "sana")
+FAMILIES = ("sd1", "sd2", "sd3", "flux", "pixart", "sana")  # sd1 and sd2: the U-Net family
 TOKENIZER_DIR = WEIGHTS_DIR / "t2i" / "tokenizer"
 TEXT = 16   # text encoders' width
 LATENT = 8  # latent side at the default size
@@ -63,15 +63,19 @@ def _vae(latent_channels: int = 4, shift: bool = False):
                          **({"shift_factor": 0.1, "scaling_factor": 1.5} if shift else {}))
 
 
-def _sd1(tokenizer, scheduler):
+def _sd1(tokenizer, scheduler, sd2: bool = False):
     from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
 
+    # SD 2.x differs from 1.x inside the U-Net (linear projections in and out of its transformers, heads given per
+    # level, upcast attention) and in the scheduler's v-prediction; the pipeline class is the same.
     unet = UNet2DConditionModel(sample_size=LATENT, in_channels=4, out_channels=4, layers_per_block=1,
                                 block_out_channels=(8, 16), norm_num_groups=4, cross_attention_dim=TEXT,
-                                attention_head_dim=2, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                attention_head_dim=(2, 4) if sd2 else 2, use_linear_projection=sd2,
+                                upcast_attention=sd2, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
     scheduler = scheduler or EulerDiscreteScheduler(beta_schedule="scaled_linear", beta_start=0.00085,
-                                                    beta_end=0.012, steps_offset=1)
+                                                    beta_end=0.012, steps_offset=1,
+                                                    prediction_type="v_prediction" if sd2 else "epsilon")
     return StableDiffusionPipeline(vae=_vae(), text_encoder=_clip(tokenizer), tokenizer=tokenizer, unet=unet,
                                    scheduler=scheduler, safety_checker=None, feature_extractor=None,
                                    requires_safety_checker=False)
@@ -138,7 +142,7 @@ def _sana(tokenizer, scheduler):
                         scheduler=scheduler or FlowMatchEulerDiscreteScheduler(shift=3.0))
 
 
-_BUILDERS = {"sd1": _sd1, "sd3": _sd3, "flux": _flux, "pixart": _pixart, "sana": _sana}
+_BUILDERS = {"sd1": _sd1, "sd2": lambda tokenizer, scheduler: _sd1(tokenizer, scheduler, sd2=True), "sd3": _sd3, "flux": _flux, "pixart": _pixart, "sana": _sana}
 
 
 def tiny_pipeline(family: str, seed: int = 0, scheduler=None):
