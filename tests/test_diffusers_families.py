@@ -353,3 +353,36 @@ def test_neuron_sites_of_a_dit_block_are_refused_by_name():
 
     with pytest.raises(HookError, match="MLP neuron sites are a U-Net's"):
         capture_neurons(model_of("sd3"), ["transformer_blocks.0"])
+
+
+@pytest.mark.parametrize("family", ["sd3", "flux", "pixart", "sana"])
+def test_a_dit_works_end_to_end_from_the_command_line(family, tmp_path):
+    """Collect a DiT's default blocks from a saved pipeline, train an SAE on one, paint its feature in a mask on
+    the token grid: the image changes."""
+    from interp.__main__ import main as interp_main
+    from interp.edits import downsample_mask
+    from interp.store import ActivationStore
+    from saes.__main__ import main as saes_main
+    from saes.sae import SAE
+
+    pipe = tiny_pipeline(family)
+    pipe.save_pretrained(tmp_path / family)
+    (tmp_path / "prompts.txt").write_text("red circle\nblue square\n")
+    model = load_t2i(str(tmp_path / family), device="cpu")
+    block = model.default_blocks[-1]
+    assert interp_main(["collect", "--model", str(tmp_path / family), "--prompts", str(tmp_path / "prompts.txt"),
+                        "--blocks", block, "--steps", "1", "--guidance", "2.0", "--device", "cpu",
+                        "--out", str(tmp_path / "store")]) == 0
+    store = ActivationStore(tmp_path / "store")
+    info = model.blocks[block]
+    assert store.image(0, block).shape == (1, info.channels, info.height, info.width)
+    assert saes_main(["train", "--store", str(tmp_path / "store"), "--block", block, "--out", str(tmp_path / "sae"),
+                      "--d-sae", "64", "--k", "4", "--batch-size", "32", "--tokens", "640", "--threads", "1",
+                      "--log-every", "5", "--checkpoint-every", "10"]) == 0
+    sae = SAE.load(tmp_path / "sae")
+    size = model.default_size
+    mask = downsample_mask([[1.0 if x < size // 2 else 0.0 for x in range(size)] for _ in range(size)], info)
+    plain = model.generate("red circle", seed=0, steps=1, guidance=2.0, output_type="latent")
+    with apply_edits(model, [Edit(block, "add", feature=3, strength=8.0, mask=mask)], saes={block: sae}):
+        painted = model.generate("red circle", seed=0, steps=1, guidance=2.0, output_type="latent")
+    assert not torch.equal(torch.as_tensor(plain), torch.as_tensor(painted))
