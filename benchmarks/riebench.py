@@ -62,7 +62,8 @@ def load_model(name: str):
         pipe.set_progress_bar_config(disable=True)
         from interp.models.t2i import TOY_BLOCKS
 
-        return (T2IModel("random", pipe, 1, 0.0, blocks=block_info(pipe.unet), default_blocks=TOY_BLOCKS),
+        return (T2IModel("random", pipe, 1, 0.0, blocks=block_info(pipe.unet), default_blocks=TOY_BLOCKS,
+                         world="shapes"),  # the toy's recipe, untrained: its world, as a saved one would be
                 "random (toy sizes)")
 
 

@@ -222,8 +222,9 @@ def prepare_task(model, task: Task, blocks: list[str], seed: int | None = None, 
             per_block = {}
             for b in blocks:
                 info = model.blocks[b]
-                # one record per U-Net call; each layer (batch, tokens, neurons); keep the cond row (last)
-                calls = recorded.records[b]
+                # one record per scheduler step (its calls averaged); each layer (batch, tokens, neurons); keep
+                # the cond row (last)
+                calls = recorded.per_step(b)
                 per_block[b] = torch.stack([torch.stack([layer[-1] for layer in call]) for call in calls]) \
                     .reshape(len(calls), -1, info.height, info.width, calls[0][0].shape[-1])
             neuron_records.append(per_block)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write, atomic_write_text
+from interp.ground_truth import require_ground_truth
 
 from .methods import (METHODS, MethodConfig, MethodError, load_saes, make_method, method_names, prepare_task,
                       run_plan)
@@ -107,6 +108,15 @@ class Runner:
 
             model = load_t2i(cfg.model, device="cpu" if not torch.cuda.is_available() else None)
         self.model = model
+        if any(task.original_scene is not None for task in self.suite.tasks):
+            # Shapes-world tasks are scored against the scene an image should show: a model made elsewhere cannot
+            # be judged so (it would score success 0 and perfect preservation, meaning nothing).
+            truth = require_ground_truth(model, "scoring the shapes-world suite",
+                                         "give a task file of real-image tasks (--suite FILE, scored by CLIP and "
+                                         "LPIPS) or a shapes-world model (--model toy)")
+            if truth.name != "shapes":
+                raise TaskError(f"the suite is the shapes world's but {getattr(model, 'name', model)} was made in "
+                                f"the {truth.name} world")
         # The run's steps and seed, like every configuration below, are checked before anything is generated.
         model.check_request(model.default_steps if cfg.steps is None else cfg.steps,
                             seeds=() if cfg.seed is None else (cfg.seed,))

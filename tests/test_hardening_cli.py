@@ -171,8 +171,18 @@ def test_collect_and_riebench_default_to_the_blocks_the_model_lists(tmp_path, ca
     code, _ = run_cli(interp_main, ["collect", "--model", model, "--world", "2", "--steps", "1", "--out",
                                     str(tmp_path / "store")], capsys)
     assert code == 0 and ActivationStore(tmp_path / "store").blocks == listed
-    code, _ = run_cli(riebench_main, ["run", "--model", model, "--method", "prompt-swap", "--category", "change colour",
-                                      "--limit-per-category", "1", "--steps", "1", "--out", str(tmp_path / "rie")],
+    rie = ["--method", "prompt-swap", "--category", "change colour", "--limit-per-category", "1", "--steps", "1"]
+    # A pipeline made outside the shapes world cannot be scored on its suite: refused in one line (issue 30).
+    code, err = run_cli(riebench_main, ["run", "--model", model, *rie, "--out", str(tmp_path / "refused")], capsys)
+    assert code == 2 and "has no ground truth" in err and not (tmp_path / "refused" / "run.json").exists()
+    # Saved by the toy's recipe (recipe.json), the same pipeline is the shapes world's: riebench runs on the blocks
+    # the model lists.
+    shapes_model = tmp_path / "recipe-made"
+    shutil.copytree(model, shapes_model)
+    (shapes_model / "recipe.json").write_text("{}")
+    assert interp_main(["blocks", "--model", str(shapes_model)]) == 0
+    listed = json.loads(capsys.readouterr().out)["default_blocks"]
+    code, _ = run_cli(riebench_main, ["run", "--model", str(shapes_model), *rie, "--out", str(tmp_path / "rie")],
                       capsys)
     assert code == 0
     assert json.loads((tmp_path / "rie" / "run.json").read_text())["run"]["configs"][0]["blocks"] == listed
