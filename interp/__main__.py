@@ -7,6 +7,7 @@ import json
 import sys
 
 from .cli import at_least, run_command
+from .shipped import add_overwrite_options
 from .models.t2i import MAX_SEED
 
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "models, --text) into an activation store (resumable)")
     add_collect_arguments(collect)
     collect.set_defaults(run=collect_command)
-    return run_command(parser.parse_args(argv))
+    return run_command(add_overwrite_options(parser).parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from interp.cli import at_least, run_command
+from interp.shipped import add_overwrite_options
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--min-preservation", type=float, default=0.9)
     rep.set_defaults(run=_report)
 
-    return run_command(parser.parse_args(argv), interrupted="interrupted: rerun the same command to resume")
+    return run_command(add_overwrite_options(parser).parse_args(argv), interrupted="interrupted: rerun the same command to resume")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from interp.cli import at_least, run_command
+from interp.shipped import add_overwrite_options
 
 
 def _open_store(path: str, block: str):
@@ -153,7 +154,7 @@ def _eval(args) -> int:
         result["splice_fidelity"] = splice_fidelity(model, sae, _model_block(model, block), prompts[:n], seeds[:n],
                                                     steps=args.steps, progress=True)
         table += "\n" + fidelity_table({block: result["splice_fidelity"]})
-    write_eval(args.sae, args.out, result, table)
+    write_eval(args.sae, args.out, result, table, overwrite=args.overwrite)
     return 0
 
 
@@ -198,8 +199,9 @@ def _sae_dirs(paths: list[str]) -> list[Path]:
 
 
 def _features(args) -> int:
-    from .features import (ANALYSE_ELSEWHERE, AnalysisConfig, analyse, default_pool_dir, generate_pool,
-                           refuse_shipped, store_pool)
+    from interp.shipped import refuse_shipped
+
+    from .features import ANALYSE_ELSEWHERE, AnalysisConfig, analyse, default_pool_dir, generate_pool, store_pool
     from .lm_features import lm_features_command, reads_lm_hook
     from .sae import SAE
 
@@ -261,7 +263,8 @@ def _causal(args) -> int:
 
 
 def _report(args) -> int:
-    from .features import refuse_shipped
+    from interp.shipped import refuse_shipped
+
     from .report import build_report, write_report
 
     if not args.overwrite:
@@ -366,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  "loss recovered and KL; --tokens caps the scored tokens")
     ev.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
     ev.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
-    ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json; .md beside it)")
+    ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json, or for a shipped SAE "
+                                                "runs/eval/<its path>/eval.json; .md beside it)")
     ev.set_defaults(run=_eval)
 
     fe = commands.add_parser("features", help="feature cards: frequency, mean activation, top images with "
@@ -458,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     im.add_argument("--k", type=int, default=None, help="default: config.json beside it, else 10")
     im.set_defaults(run=_import_sdxl)
 
-    return run_command(parser.parse_args(argv), interrupted="interrupted; run the same command again to resume")
+    return run_command(add_overwrite_options(parser).parse_args(argv), interrupted="interrupted; run the same command again to resume")
 
 
 if __name__ == "__main__":

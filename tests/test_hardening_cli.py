@@ -29,6 +29,7 @@ from riebench.__main__ import main as riebench_main
 from riebench.tasks import ShapesSuiteConfig, TaskError
 from saes import features
 from saes.__main__ import main as saes_main
+from interp.shipped import MARKER, ShippedFilesError
 from saes.features import AnalysisConfig, AnalysisPool, FeaturesError, analyse, pool_fingerprint
 from saes.library import PRETRAINED_DIR, FeatureLibrary, LibraryError, load_analysis_images
 from saes.sae import WEIGHTS_FILENAME
@@ -347,10 +348,10 @@ def _analysed_root(tmp_path: Path) -> Path:
 
 def test_analyse_refuses_shipped_directories(tmp_path, monkeypatch):
     shipped = tmp_path / "shipped"
-    monkeypatch.setattr(features, "SHIPPED_DIRS", (shipped,))
     _identity_sae(4).save(shipped / MID)
+    (shipped / MARKER).write_text("shipped\n")  # a copy of a shipped root: the marker protects it
     before = _digests(shipped)
-    with pytest.raises(FeaturesError, match="would rewrite files shipped with the repository"):
+    with pytest.raises(ShippedFilesError, match="would rewrite files shipped with the repository"):
         analyse({MID: (_identity_sae(4), shipped / MID)}, _pool(8, seed=2, blocks=(MID,)), "toy", tmp_path / "out")
     assert _digests(shipped) == before
     analyse({MID: (_identity_sae(4), shipped / MID)}, _pool(8, seed=2, blocks=(MID,)), "toy", tmp_path / "out",
