@@ -21,8 +21,11 @@ import os
 import sys
 from pathlib import Path
 
-from interp.cli import at_least, run_command
+from interp.cli import at_least, probability, run_command
 from interp.shipped import add_overwrite_options
+
+
+STORE_POOL_IMAGES = 400  # `saes features --store` without --images: the pool's size
 
 
 def _open_store(path: str, block: str):
@@ -211,7 +214,7 @@ def _features(args) -> int:
         raise ValueError("give --out DIR, where features.html and features_summary.json go")
     if (args.store is None) == (args.world is None):
         raise ValueError("give exactly one source of analysis images: --store DIR or --world N")
-    if args.world is not None and args.world < 1 or args.images < 1:
+    if args.world is not None and args.world < 1:
         raise ValueError("the number of analysis images must be at least 1")
     if args.top < 1:
         raise ValueError("--top must be at least 1")
@@ -238,7 +241,10 @@ def _features(args) -> int:
         missing = [b for b in saes if b not in store.blocks]
         if missing:
             raise ValueError(f"the store at {args.store} lacks {', '.join(missing)}; it has: {', '.join(store.blocks)}")
-        pool = store_pool(model, store, list(saes), args.images)
+        if args.images is not None and args.images > len(store):
+            raise ValueError(f"--images {args.images}: the store at {args.store} holds {len(store)} images; "
+                             f"give at most {len(store)}")
+        pool = store_pool(model, store, list(saes), args.images or min(STORE_POOL_IMAGES, len(store)))
     else:
         from interp.ground_truth import world
 
@@ -382,11 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--world", type=int, default=None, metavar="N", help="analyse N fresh shapes-world images")
     fe.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
     fe.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
-    fe.add_argument("--images", type=int, default=400, help="with --store: how many of its images")
+    fe.add_argument("--images", type=at_least(1), default=None,
+                    help=f"with --store: how many of its images (default: {STORE_POOL_IMAGES}, or all it holds if fewer)")
     fe.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
     fe.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     fe.add_argument("--top", type=int, default=6, help="top-activating images per feature")
-    fe.add_argument("--label-min-auroc", type=float, default=0.7, help="AUROC a label needs")
+    fe.add_argument("--label-min-auroc", type=probability, default=0.7, help="AUROC a label needs (0 to 1)")
     fe.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
     fe.add_argument("--model-name", default=None, help="the model's name in features.json (default: --model)")
     fe.add_argument("--overwrite", action="store_true",
