@@ -50,9 +50,11 @@ def _channels(store, block: str) -> int:
 
 
 def _store_metadata(store, block: str, path: str) -> dict:
-    """The SAE's metadata: its hook; for a language-model store also sae-lens' model_name, context_size,
-    prepend_bos and dataset_path, so that sae-lens and TransformerLens users can attach it."""
+    """The SAE's metadata: its hook and sae-lens' model_name (the store's model); for a language-model store also
+    context_size, prepend_bos and dataset_path, so that sae-lens and TransformerLens users can attach it."""
     metadata = {"hook_name": block, "store": str(path)}
+    if store.manifest.get("model"):  # which model the SAE reads: the SAE is refused with any other
+        metadata["model_name"] = store.manifest["model"]
     if getattr(store, "kind", None) == "lm":
         manifest = store.manifest
         metadata.update(model_name=manifest["model"], context_size=int(manifest["context"]), prepend_bos=True,
