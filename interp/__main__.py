@@ -17,6 +17,9 @@ def _generate(args) -> int:
     model = load_t2i(args.model)
     images = model.generate(args.prompt, steps=args.steps, seed=args.seed, guidance=args.guidance,
                             height=args.height, width=args.width)
+    from pathlib import Path
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # --out runs/images/x.png: the folder is made
     images[0].save(args.out)
     print(f"wrote {args.out} ({images[0].width}x{images[0].height}, {args.model}, "
           f"steps={args.steps or model.default_steps}, seed={args.seed})")
