@@ -304,7 +304,8 @@ def check_same_run(out: str | os.PathLike, cfg: RunConfig) -> None:
         raise RunError(f"{path} cannot be read, so the results in {out} cannot be resumed: choose an empty --out") \
             from None
     now = json.loads(json.dumps(cfg.to_dict()))
-    differ = [k for k in sorted(set(before) | set(now)) if k != "save_images" and before.get(k) != now.get(k)]
+    keys = list(now) + [k for k in before if k not in now]  # RunConfig's order: the model first
+    differ = [k for k in keys if k != "save_images" and before.get(k) != now.get(k)]
     if differ:
         shown = "; ".join(f"{k}: {json.dumps(before.get(k))[:60]} there, {json.dumps(now.get(k))[:60]} here"
                           for k in differ[:3])
