@@ -489,7 +489,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=at_least(1), default=RecipeConfig.checkpoint_every)
     parser.add_argument("--freeze-text-encoders", action="store_true",
                         help="keep the text encoders at their random initialisation (SDXL keeps its own frozen)")
-    parser.add_argument("--pretrain-text-encoders", type=at_least(0), default=0, metavar="STEPS",
+    parser.add_argument("--pretrain-text-encoders", type=int, default=0, metavar="STEPS",
                         help="pretrain both text encoders contrastively against the images for STEPS steps (a toy CLIP) "
                              "and keep them frozen while the UNet trains, as SDXL's CLIP encoders")
     parser.add_argument("--zero-pooled-text", action="store_true",
