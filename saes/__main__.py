@@ -208,7 +208,7 @@ def _features(args) -> int:
 
     from .features import ANALYSE_ELSEWHERE, AnalysisConfig, analyse, default_pool_dir, generate_pool, store_pool
     from .lm_features import lm_features_command, reads_lm_hook
-    from .sae import SAE
+    from .sae import SAE, check_sae_model
 
     if args.text is not None or reads_lm_hook(args.sae):  # SAEs on an LM's residual stream: cards over text
         return lm_features_command(args)
@@ -228,6 +228,7 @@ def _features(args) -> int:
     saes = {}
     for directory in sae_dirs:
         sae = SAE.load(directory)
+        check_sae_model({directory.name: sae}, args.model, directory)  # cards of toy-v2's SAEs on toy mean nothing
         block = sae.cfg.metadata.get("hook_name") or directory.name
         block = _model_block(model, block)
         if sae.cfg.d_in != model.blocks[block].channels:

@@ -256,6 +256,15 @@ def test_riebench_refuses_saes_trained_on_another_model(toy_loaded, tmp_path, ca
     assert not list((tmp_path / "run").glob("results/*/*.json"))
 
 
+def test_feature_cards_of_another_models_saes_are_refused(toy_loaded, tmp_path, capsys):
+    theirs = tmp_path / "toy-v2-saes" / MID
+    shutil.copytree(PRETRAINED_DIR / "toy-v2" / MID, theirs)
+    code, err = run_cli(saes.__main__.main, ["features", "--sae", str(theirs), "--world", "2", "--out",
+                                             str(tmp_path / "cards")], capsys)
+    assert code == 2 and f"the SAEs in {theirs} were trained on toy-v2" in err and "not on toy" in err
+    assert not (tmp_path / "cards").exists()
+
+
 def test_a_results_directory_holds_one_runs_configuration(toy_loaded, tmp_path, capsys):
     from riebench.methods import MethodConfig
     from riebench.runner import RunConfig, RunError, check_same_run
