@@ -29,6 +29,13 @@ SHIPPED_SAE = PRETRAINED_DIR / "toy" / MID
 PROMPT = "a small red circle at the top left on a blue background"
 
 
+@pytest.fixture(scope="module")
+def store() -> Path:
+    """test_saes_cli's 8-image store, built outside any test's captured output: the first diffusers import binds
+    its logging handler to the stream of the moment, and a test's own stream is closed when the test ends."""
+    return small_store()
+
+
 def digests(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
@@ -198,11 +205,10 @@ def test_the_chat_worlds_export_refuses_a_shipped_folder(tmp_path, capsys):
     assert run_cli(main, ["world", "--out", str(tmp_path / "world"), "--n", "2"], capsys)[0] == 0
 
 
-def test_saes_eval_of_a_shipped_sae_writes_under_runs_eval_and_leaves_the_shipped_directory(tmp_path, capsys,
+def test_saes_eval_of_a_shipped_sae_writes_under_runs_eval_and_leaves_the_shipped_directory(store, tmp_path, capsys,
                                                                                           monkeypatch):
     from saes.evaluate import default_eval_path
 
-    store = small_store()
     monkeypatch.chdir(tmp_path)
     before = digests(SHIPPED_SAE)
     assert saes.__main__.main(["eval", "--sae", str(SHIPPED_SAE), "--store", str(store)]) == 0
@@ -236,10 +242,10 @@ def test_probability_like_options_lie_in_0_to_1(value, tmp_path, capsys):
         assert code == 2 and f"argument --min-preservation: must be from 0 to 1, got {value}" in err
 
 
-def test_features_refuses_more_images_than_the_store_holds(toy_loaded, tmp_path, capsys):
+def test_features_refuses_more_images_than_the_store_holds(store, toy_loaded, tmp_path, capsys):
     mine = tmp_path / "saes" / MID
     shutil.copytree(SHIPPED_SAE, mine)
-    store, before = small_store(), digests(mine)
+    before = digests(mine)
     code, err = run_cli(saes.__main__.main, ["features", "--sae", str(mine), "--store", str(store), "--images",
                                              "99999", "--out", str(tmp_path / "cards")], capsys)
     assert code == 2 and f"--images 99999: the store at {store} holds 8 images; give at most 8" in err
