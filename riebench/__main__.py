@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--min-preservation", type=probability, default=0.9, help="0 to 1")
     rep.set_defaults(run=_report)
 
-    return run_command(add_overwrite_options(parser).parse_args(argv), interrupted="interrupted: rerun the same command to resume")
+    return run_command(add_overwrite_options(parser).parse_args(argv),
+                       interrupted="interrupted: rerun the same command to resume")
 
 
 if __name__ == "__main__":

@@ -392,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
     fe.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
     fe.add_argument("--images", type=at_least(1), default=None,
-                    help=f"with --store: how many of its images (default: {STORE_POOL_IMAGES}, or all it holds if fewer)")
+                    help=f"with --store: how many of its images (default: {STORE_POOL_IMAGES}, or all it holds if "
+                         f"fewer)")
     fe.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
     fe.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     fe.add_argument("--top", type=int, default=6, help="top-activating images per feature")
@@ -472,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     im.add_argument("--k", type=int, default=None, help="default: config.json beside it, else 10")
     im.set_defaults(run=_import_sdxl)
 
-    return run_command(add_overwrite_options(parser).parse_args(argv), interrupted="interrupted; run the same command again to resume")
+    return run_command(add_overwrite_options(parser).parse_args(argv),
+                       interrupted="interrupted; run the same command again to resume")
 
 
 if __name__ == "__main__":

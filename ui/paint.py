@@ -11,8 +11,8 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
-from ui.common import (DEFAULT_PROMPT, MAX_PROMPT_CHARS, NO_SAES_NOTE, ImageEditor, Number, Slider, feature_id, finite_number,
-                       generation_request, user_errors)
+from ui.common import (DEFAULT_PROMPT, MAX_PROMPT_CHARS, NO_SAES_NOTE, ImageEditor, Number, Slider, feature_id,
+                       finite_number, generation_request, user_errors)
 
 
 def build_paint_tab(bench) -> PaintTab:

@@ -485,7 +485,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unet-steps", type=at_least(0), default=RecipeConfig.unet_steps)
     parser.add_argument("--batch", type=at_least(1), default=RecipeConfig.unet_batch)
     parser.add_argument("--threads", type=at_least(1), default=RecipeConfig.threads)
-    parser.add_argument("--probe-every", type=at_least(0), default=500, help="probe accuracy every N UNet steps (0: never)")
+    parser.add_argument("--probe-every", type=at_least(0), default=500,
+                        help="probe accuracy every N UNet steps (0: never)")
     parser.add_argument("--checkpoint-every", type=at_least(1), default=RecipeConfig.checkpoint_every)
     parser.add_argument("--freeze-text-encoders", action="store_true",
                         help="keep the text encoders at their random initialisation (SDXL keeps its own frozen)")
