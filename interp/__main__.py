@@ -7,6 +7,7 @@ import json
 import sys
 
 from .cli import at_least, run_command
+from .shipped import add_overwrite_options
 from .models.t2i import MAX_SEED
 
 
@@ -16,6 +17,9 @@ def _generate(args) -> int:
     model = load_t2i(args.model)
     images = model.generate(args.prompt, steps=args.steps, seed=args.seed, guidance=args.guidance,
                             height=args.height, width=args.width)
+    from pathlib import Path
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # --out runs/images/x.png: the folder is made
     images[0].save(args.out)
     print(f"wrote {args.out} ({images[0].width}x{images[0].height}, {args.model}, "
           f"steps={args.steps or model.default_steps}, seed={args.seed})")
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "models, --text) into an activation store (resumable)")
     add_collect_arguments(collect)
     collect.set_defaults(run=collect_command)
-    return run_command(parser.parse_args(argv))
+    return run_command(add_overwrite_options(parser).parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -203,7 +203,7 @@ def lm_eval_command(args) -> int:
     table = markdown_table({hook: result})
     if "lm_splice" in result:
         table += "\n" + lm_table({hook: result["lm_splice"]})
-    write_eval(args.sae, args.out, result, table)
+    write_eval(args.sae, args.out, result, table, overwrite=args.overwrite)
     return 0
 
 

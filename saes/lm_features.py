@@ -38,8 +38,9 @@ import torch
 
 from interp.atomic import atomic_write_text
 from interp.hooks.lm_steer import is_residual_hook
+from interp.shipped import refuse_shipped
 
-from .features import ANALYSE_ELSEWHERE, FEATURES_FILENAME, HTML_FILENAME, refuse_shipped
+from .features import ANALYSE_ELSEWHERE, FEATURES_FILENAME, HTML_FILENAME
 from .sae import CFG_FILENAME, SAE
 from .strict_json import write_json
 

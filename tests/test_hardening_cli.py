@@ -23,11 +23,11 @@ import saes.__main__
 from flowlens.__main__ import main as flowlens_main
 from interp.__main__ import main as interp_main
 from interp.models.t2i import MAX_SEED, ModelError, check_device
+from interp.shipped import MARKER, ShippedFilesError
 from interp.store import ActivationStore
 from interp.zoo import WEIGHTS_DIR, shapes
 from riebench.__main__ import main as riebench_main
 from riebench.tasks import ShapesSuiteConfig, TaskError
-from saes import features
 from saes.__main__ import main as saes_main
 from saes.features import AnalysisConfig, AnalysisPool, FeaturesError, analyse, pool_fingerprint
 from saes.library import PRETRAINED_DIR, FeatureLibrary, LibraryError, load_analysis_images
@@ -355,12 +355,12 @@ def _analysed_root(tmp_path: Path) -> Path:
     return root
 
 
-def test_analyse_refuses_shipped_directories(tmp_path, monkeypatch):
+def test_analyse_refuses_shipped_directories(tmp_path):
     shipped = tmp_path / "shipped"
-    monkeypatch.setattr(features, "SHIPPED_DIRS", (shipped,))
     _identity_sae(4).save(shipped / MID)
+    (shipped / MARKER).write_text("shipped\n")  # a copy of a shipped root: the marker protects it
     before = _digests(shipped)
-    with pytest.raises(FeaturesError, match="would rewrite files shipped with the repository"):
+    with pytest.raises(ShippedFilesError, match="would rewrite files shipped with the repository"):
         analyse({MID: (_identity_sae(4), shipped / MID)}, _pool(8, seed=2, blocks=(MID,)), "toy", tmp_path / "out")
     assert _digests(shipped) == before
     analyse({MID: (_identity_sae(4), shipped / MID)}, _pool(8, seed=2, blocks=(MID,)), "toy", tmp_path / "out",

@@ -130,6 +130,12 @@ class T2IModel:
             raise ModelError("the prompt is empty; describe the image to generate")
         prompt = prompt.strip()
         if self.vocabulary is not None:
+            # its tokenizer splits ASCII words: an emoji or a word in another script would be dropped unread
+            unreadable = sorted({c for c in prompt if not c.isascii()})
+            if unreadable:
+                shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unreadable[:8])
+                raise ModelError(f"{self.name} cannot read the character(s) {shown}: it reads English words of its "
+                                 f"vocabulary only; it knows: {', '.join(sorted(self.vocabulary))}")
             words = {w for w in _words(prompt)}
             unknown = sorted(words - self.vocabulary)
             if unknown:

