@@ -1,7 +1,7 @@
 """The UI's overhead: time from launch to ready, and latency of generate (and paint, when the
 app has it) through the HTTP API next to the same call made directly in Python, as ratios.
 
-    python benchmarks/app.py [--repeats 10] [--out runs/bench/app.json]
+    python -m benchmarks.app [--repeats 10] [--out runs/bench/app.json]
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 PROMPT = "a small red circle at the top left and a large blue striped star in the center on a white background"
 
 

@@ -1,6 +1,6 @@
 """Cost of capture hooks, of an active edit, and of the store's writer, measured side by side.
 
-    python benchmarks/capture.py [--model toy|DIR|sdxl-turbo] [--rounds 15] [--out runs/bench/capture.json]
+    python -m benchmarks.capture [--model toy|DIR|sdxl-turbo] [--rounds 15] [--out runs/bench/capture.json]
 
 Generation is timed in interleaved rounds (plain, with the four capture hooks, with an
 active edit), so a machine busy with other work slows all three alike; medians are
@@ -21,14 +21,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from safetensors.torch import save_file  # noqa: E402
+from safetensors.torch import save_file
 
-from interp.edits import Edit  # noqa: E402
-from interp.hooks import apply_edits, capture_updates, generate  # noqa: E402
-from interp.models.t2i import KNOWN_MODELS, SDXL_BLOCKS, T2IModel, block_info, load_t2i  # noqa: E402
-from interp.store import write_shard  # noqa: E402
+from interp.edits import Edit
+from interp.hooks import apply_edits, capture_updates, generate
+from interp.models.t2i import KNOWN_MODELS, SDXL_BLOCKS, T2IModel, block_info, load_t2i
+from interp.store import write_shard
 
 
 def load_model(name: str):

@@ -8,7 +8,7 @@ Synthetic residuals (N prompts, L layers, width d) with a few strong directions;
 - ``flowlens low-rank``: the same with ``torch.svd_lowrank`` (what FlowLens uses for large d);
 - ``flowlens full``: projections + concentration statistics of every layer (what ``analyze`` computes).
 
-    python benchmarks/flowlens.py [--prompts 400] [--layers 16] [--width 512] [--repeats 3]
+    python -m benchmarks.flowlens [--prompts 400] [--layers 16] [--width 512] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -16,12 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 # Run from anywhere; and this script's own name must not shadow the flowlens package.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import numpy as np
 

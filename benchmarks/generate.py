@@ -1,7 +1,7 @@
 """One-step generation speed of a text-to-image model: median latency at batch 1, and
 images per second at batch 1 and batch 16 (batching's gain as a ratio measured in the same run).
 
-    python benchmarks/generate.py [--model toy] [--repeats 10] [--out runs/bench/generate.json]
+    python -m benchmarks.generate [--model toy] [--repeats 10] [--out runs/bench/generate.json]
 """
 
 from __future__ import annotations
@@ -9,14 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from interp.models import load_t2i  # noqa: E402
+from interp.models import load_t2i
 
 PROMPT = "a small red circle at the top left and a large blue striped star in the center on a white background"
 

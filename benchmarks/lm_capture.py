@@ -1,6 +1,6 @@
 """Cost of LM residual collection and of SAE training at SmolLM2's width, each side by side in one run.
 
-    python benchmarks/lm_capture.py [--model toy-chat|smollm2-135m-instruct] [--text FILE] [--batches 6]
+    python -m benchmarks.lm_capture --text FILE [--model toy-chat|smollm2-135m-instruct] [--batches 6]
                                     [--batch-size 8] [--context 128] [--hooks blocks.L.hook_resid_post ...]
                                     [--d-in 576] [--d-sae 4608] [--k 32] [--sae-batch 4096] [--steps 3]
                                     [--threads 1] [--out runs/benchmarks/lm_capture.json]
@@ -28,17 +28,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from interp.hooks.lm import forward_padded  # noqa: E402
-from interp.lm_text import read_documents, token_sequences  # noqa: E402
-from interp.models.lm import load_lm  # noqa: E402
-from interp.store import LMCollectionPlan, _lm_batch, select_positions  # noqa: E402
-from saes.train import TrainConfig  # noqa: E402
-from saes.trainers import make_trainer  # noqa: E402
-
-DOLLY = "/work/shared/data/dolly-sample.jsonl"
-
+from interp.hooks.lm import forward_padded
+from interp.lm_text import read_documents, token_sequences
+from interp.models.lm import load_lm
+from interp.store import LMCollectionPlan, _lm_batch, select_positions
+from saes.train import TrainConfig
+from saes.trainers import make_trainer
 
 def timed(fn) -> float:
     if torch.cuda.is_available():
@@ -64,7 +60,9 @@ def padded(lm, rows) -> tuple[torch.Tensor, torch.Tensor]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="toy-chat")
-    parser.add_argument("--text", default=DOLLY, help="corpus (JSONL or plain text)")
+    parser.add_argument("--text", required=True,
+                        help="corpus (JSONL or plain text), e.g. dolly-sample.jsonl (databricks-dolly-15k; the "
+                             "measured figures used its first 1,502 records)")
     parser.add_argument("--hooks", nargs="+", default=None, help="default: resid_post of the middle layer")
     parser.add_argument("--batches", type=int, default=6, help="corpus batches, each timed every round")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the batches, after one warm-up round")
@@ -80,6 +78,8 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="runs/benchmarks/lm_capture.json")
     args = parser.parse_args()
+    if not Path(args.text).is_file():
+        parser.error(f"--text: no file {args.text}")
     torch.set_num_threads(args.threads)
 
     # ----- collection vs plain forward

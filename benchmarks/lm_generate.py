@@ -10,7 +10,7 @@ the generated tokens of each prompt up to and including its first EOS; the compl
 sides are compared token by token. ``--full`` also times ``greedy_generate`` over every prompt of
 the file (the target for SmolLM2-135M-Instruct on XSTest: at most 15 minutes on the 2-core CPU).
 
-    python benchmarks/lm_generate.py --model /tmp/smollm2-hf --prompts xstest_prompts.csv --n 48 \\
+    python -m benchmarks.lm_generate --model /tmp/smollm2-hf --prompts xstest_prompts.csv --n 48 \\
         --batch-size 64 --max-new-tokens 64 [--full] [--threads 2] [--out FILE]
 """
 
@@ -19,16 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path[0] = str(Path(__file__).resolve().parents[1])  # run from anywhere; the repo's packages first
-from flowlens.refusals import format_prompt, read_xstest_csv  # noqa: E402
-from interp.models.generation import DEFAULT_BATCH_SIZE, eos_ids, greedy_generate_tokens  # noqa: E402
-from interp.models.lm import load_hf_lm  # noqa: E402
+from flowlens.refusals import format_prompt, read_xstest_csv
+from interp.models.generation import DEFAULT_BATCH_SIZE, eos_ids, greedy_generate_tokens
+from interp.models.lm import load_hf_lm
 
 
 def until_eos(tokens: list[int], stop_ids: set[int]) -> list[int]:

@@ -4,7 +4,7 @@ An edit = plan (encode, score, select) + the regeneration with the edits applied
 generations every method starts from (`prepare_task`) are timed separately, since a sweep
 shares them across configurations. Ratios are to the prompt swap's generation.
 
-    python benchmarks/riebench.py [--model toy] [--saes DIR] [--tasks 9] [--k-trans 5] [--out runs/bench/riebench.json]
+    python -m benchmarks.riebench [--model toy] [--saes DIR] [--tasks 9] [--k-trans 5] [--out runs/bench/riebench.json]
 
 Without --saes, random TopK SAEs of the published SDXL Turbo shape ratio (4x the block
 channels, k=10) stand in: the cost of an edit does not depend on the SAE's weights.
@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
 from riebench.methods import MethodConfig, load_saes, make_method, prepare_task, run_plan
 from riebench.tasks import ShapesSuiteConfig, shapes_suite
@@ -64,7 +62,8 @@ def load_model(name: str):
         pipe.set_progress_bar_config(disable=True)
         from interp.models.t2i import TOY_BLOCKS
 
-        return (T2IModel("random", pipe, 1, 0.0, blocks=block_info(pipe.unet), default_blocks=TOY_BLOCKS),
+        return (T2IModel("random", pipe, 1, 0.0, blocks=block_info(pipe.unet), default_blocks=TOY_BLOCKS,
+                         world="shapes"),  # the toy's recipe, untrained: its world, as a saved one would be
                 "random (toy sizes)")
 
 

@@ -1,6 +1,6 @@
 """TopK SAE training throughput, side by side in one run, at SDXL Turbo size.
 
-    python benchmarks/sae_train.py [--steps 3] [--threads N] [--out runs/benchmarks/sae_train.json]
+    python -m benchmarks.sae_train [--steps 3] [--threads N] [--out runs/benchmarks/sae_train.json]
 
 Measures samples/s of
   ours          saes TopKTrainer.step: dense encoder forward, everything else sparse
@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from saes.train import TrainConfig  # noqa: E402
-from saes.trainers import make_trainer  # noqa: E402
+from saes.train import TrainConfig
+from saes.trainers import make_trainer
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ U-Net on a latent twice as fine (64 x 64, as a VAE without downsampling gives: 1
 an object of the shapes world spans 3-5 cells instead of 1.4-2.3). The ratio, measured side by side, is what a
 recipe with the finer latent would cost against the budget (issue 22: about 3 hours on two cores).
 
-    python benchmarks/t2i_recipe_step.py [--config sdxl-blocks-only] [--steps 3] [--out runs/bench/t2i_recipe_step.json]
+    python -m benchmarks.t2i_recipe_step [--config sdxl-blocks-only] [--steps 3] [--out runs/bench/t2i_recipe_step.json]
 """
 
 from __future__ import annotations
@@ -12,15 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from interp.zoo.t2i import T2I_CONFIGS, build_pipeline, build_tokenizer_files  # noqa: E402
-from interp.zoo.t2i_recipe import RecipeConfig  # noqa: E402
+from interp.zoo.t2i import T2I_CONFIGS, build_pipeline, build_tokenizer_files
+from interp.zoo.t2i_recipe import RecipeConfig
 
 
 def step_seconds(unet, latent: int, batch: int, text: torch.Tensor, pooled: torch.Tensor, steps: int) -> list[float]:

@@ -4,7 +4,7 @@ Both variants run the same ``flowlens.finetune.training_step`` on the same batch
 random Llama; they alternate step by step so that machine load affects both alike, and the
 median step time of each is compared.
 
-    python benchmarks/vcl.py [--hidden 256] [--layers 8] [--batch 8] [--seq 64] [--steps 20]
+    python -m benchmarks.vcl [--hidden 256] [--layers 8] [--batch 8] [--seq 64] [--steps 20]
 """
 
 from __future__ import annotations
@@ -12,14 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 # Run from anywhere; and this script's own name must not shadow the flowlens package.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import torch  # noqa: E402
+import torch
 
 from flowlens.finetune import Example, collate, training_step
 from flowlens.tiny import tiny_llama

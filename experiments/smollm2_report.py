@@ -84,7 +84,7 @@ def summarise(cells: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def headline(cells: list[dict], summary: list[dict], paired: list[dict]) -> str:
-    """The study's claims next to what this grid measured (README's table)."""
+    """The study's claims next to what this grid measured (the table of docs/experiments/smollm2-study.md)."""
     data_path = RESULTS / "smollm2_data.json"
     rows = []
     if data_path.is_file():

@@ -5,7 +5,7 @@ without the pooled prompt embedding) beside SDXL Turbo's block roles from the se
     python -m experiments.t2i_blocks run       # each step skipped when its output exists (about 1.5 h per
                                                # model's training, then 7-40 min per model on two CPU cores)
     python -m experiments.t2i_blocks run --models v3   # only some models
-    python -m experiments.t2i_blocks report    # experiments/results/t2i_blocks.{json,md}; --readme: README's block
+    python -m experiments.t2i_blocks report    # experiments/results/t2i_blocks.{json,md}; --docs: the docs page's block
 
 Steps (`run`): train v2-v4 by their recipes and install them (interp/zoo/weights/t2i-v2 ... t2i-v4); the quality
 table of each model (`python -m interp.zoo evaluate`, held-out captions; again with `--zero-pooled-text`, to see
@@ -46,7 +46,7 @@ SDXL_ROLES = {
     "up_blocks.0.attentions.1": ("colour and style", ("colour", "texture"), ("colour", "texture", "background")),
 }
 CARRIED_DROP = 0.2  # an ablation that makes the probe misread an attribute on this share of objects carries it
-# the trained models' recipes (v1's is the embedded `toy`'s own, README)
+# the trained models' recipes (v1's is the embedded `toy`'s own, docs/embedded-models.md)
 # (v4: v3 with the pooled prompt embedding zero, so the prompt reaches the UNet only through the 8 x 8 blocks)
 RECIPES = {version: ["-m", "interp.zoo", "train", "t2i", *options, "--vae-from", "interp/zoo/weights/t2i",
                      "--unet-steps", "4000", "--out", f"runs/t2i-{version}", "--threads", "2"]
@@ -251,7 +251,9 @@ def markdown(data: dict) -> str:
             + "\nSources: " + _sources(data) + ".\n")
 
 
-README_MARKERS = ("<!-- t2i-v2-blocks -->", "<!-- /t2i-v2-blocks -->")
+# The docs page whose tables `report --docs` refills, between these markers (the prose around them is written by hand).
+DOCS_PAGE = Path("docs") / "experiments" / "t2i-blocks.md"
+DOCS_MARKERS = ("<!-- t2i-v2-blocks -->", "<!-- /t2i-v2-blocks -->")
 
 
 def report(args) -> int:
@@ -262,16 +264,16 @@ def report(args) -> int:
     atomic_write_text(RESULTS / "t2i_blocks.json", json.dumps(data, indent=2, allow_nan=False) + "\n")
     atomic_write_text(RESULTS / "t2i_blocks.md", md)
     print(md, end="")
-    if args.readme:
-        readme = REPO / "README.md"
-        text = readme.read_text()
-        start, end = README_MARKERS
+    if args.docs:
+        page = REPO / DOCS_PAGE
+        text = page.read_text()
+        start, end = DOCS_MARKERS
         if start not in text or end not in text:
-            raise ValueError(f"README.md has no {start} ... {end} block to fill")
+            raise ValueError(f"{DOCS_PAGE} has no {start} ... {end} block to fill")
         head, rest = text.split(start, 1)
         _, tail = rest.split(end, 1)
         body = "\n".join(line for line in md.splitlines()[2:])  # without the heading
-        atomic_write_text(readme, f"{head}{start}\n{body.strip()}\n{end}{tail}")
+        atomic_write_text(page, f"{head}{start}\n{body.strip()}\n{end}{tail}")
     return 0
 
 
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                             help="the models to run (default: all)")
     run_parser.set_defaults(run=run)
     rep = commands.add_parser("report", help="experiments/results/t2i_blocks.{json,md} from the runs")
-    rep.add_argument("--readme", action="store_true", help="also fill README's t2i-v2-blocks block")
+    rep.add_argument("--docs", action="store_true", help=f"also fill the t2i-v2-blocks block of {DOCS_PAGE}")
     rep.set_defaults(run=report)
     args = parser.parse_args(argv)
     from interp.cli import run_command

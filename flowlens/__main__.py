@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from interp.cli import run_command
+from interp.shipped import add_overwrite_options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.set_defaults(run=command)
 
     # Damaged or unsafe weight files (safetensors, torch pickles) are errors naming the file, as bad input is.
-    return run_command(parser.parse_args(argv))
+    return run_command(add_overwrite_options(parser).parse_args(argv))
 
 
 if __name__ == "__main__":

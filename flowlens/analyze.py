@@ -53,8 +53,25 @@ def residuals_of(lm, prompts: list[str], chat_template: bool | None, strip: bool
                                 progress=True).numpy()
 
 
+def checked_components(k: int | str, n_prompts: int) -> int | str:
+    """The number of principal components to fit, or "twonn" (chosen from the data): a whole number from 1 to the
+    number of prompts, since N prompts' residuals span at most N directions per layer (more components would be
+    fitted to nothing and reported as if they meant something)."""
+    if k == "twonn":
+        return k
+    try:
+        number = float(k)
+    except (TypeError, ValueError):
+        raise DataError(f"the number of principal components must be a whole number or 'twonn', not {k!r}") from None
+    if not number.is_integer() or not 1 <= number <= n_prompts:
+        raise DataError(f"{k} principal components from {n_prompts} prompts: ask for 1 to {n_prompts} "
+                        f"(N prompts' residuals have at most N components), or give more prompts")
+    return int(number)
+
+
 def analyse(residuals: np.ndarray, reference: np.ndarray | None, stripped: np.ndarray | None, k: int | str) -> dict:
     """All FlowLens statistics of ``(N, L, d)`` residuals, as JSON-ready lists."""
+    k = checked_components(k, residuals.shape[0])
     result: dict = {"n_prompts": residuals.shape[0], "n_layers": residuals.shape[1], "width": residuals.shape[2]}
     for construction in ("stacked", "concatenated"):
         fit = layer_projections(residuals, construction, k)
@@ -160,6 +177,7 @@ def analyze_command(args) -> int:
     prompts = read_prompts(args.prompts)
     if len(prompts) < 3:
         raise DataError(f"{args.prompts}: PCA of residuals needs at least 3 prompts, got {len(prompts)}")
+    k = checked_components(args.components, len(prompts))  # before any model is loaded
     from interp.models.lm import load_lm
 
     dtype = lm_dtype(args.dtype)
@@ -168,7 +186,6 @@ def analyze_command(args) -> int:
     stripped = residuals_of(lm, prompts, args.chat_template, True) if args.stability else None
     reference = residuals_of(load_lm(args.reference, backend=args.backend, device=args.device, dtype=dtype), prompts,
                              args.chat_template, False) if args.reference else None
-    k = args.components if args.components == "twonn" else int(args.components)
     result = {"model": args.model, "reference": args.reference, "prompts": str(args.prompts),
               "model_dtype": args.dtype,
               **analyse(residuals, reference, stripped, k)}

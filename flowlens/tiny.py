@@ -54,3 +54,70 @@ def tiny_gpt2(vocab_size: int, hidden_size: int = 32, layers: int = 4, heads: in
                         n_positions=max_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                         pad_token_id=0, bos_token_id=2, eos_token_id=3)
     return GPT2LMHeadModel(config).eval()
+
+
+def _family_config(label: str, vocab_size: int):
+    """The config of a tiny model of one of `interp.hooks.lm_sites.VERIFIED_ARCHITECTURES` (2 layers, d 32)."""
+    import transformers as T
+
+    ids = dict(pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    llama_like = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, **ids)
+    builders = {
+        "gpt2": lambda: T.GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids),
+        "gpt_neox": lambda: T.GPTNeoXConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=48,
+                                            num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
+                                            **ids),
+        "gpt_neox-sequential": lambda: T.GPTNeoXConfig(
+            vocab_size=vocab_size, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=128, use_parallel_residual=False, **ids),
+        "llama": lambda: T.LlamaConfig(**llama_like),
+        "llama-bias": lambda: T.LlamaConfig(**llama_like, attention_bias=True, mlp_bias=True),
+        "llama-3.1-rope": lambda: T.LlamaConfig(**llama_like, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16}),
+        "mistral": lambda: T.MistralConfig(**llama_like),
+        "qwen2": lambda: T.Qwen2Config(**llama_like),
+        "qwen3": lambda: T.Qwen3Config(**llama_like, head_dim=8),
+        "gemma": lambda: T.GemmaConfig(**llama_like, head_dim=8),
+        # soft-capping off: logit effects linearise it at logit 0 (the identity), see interp.hooks.lm_steer
+        "gemma2": lambda: T.Gemma2Config(**llama_like, head_dim=8, final_logit_softcapping=None),
+        "gemma3": lambda: T.Gemma3TextConfig(**llama_like, head_dim=8, final_logit_softcapping=None,
+                                             sliding_window=4),
+        "phi3": lambda: T.Phi3Config(**llama_like),
+        "olmo": lambda: T.OlmoConfig(**llama_like),
+        "olmo2": lambda: T.Olmo2Config(**llama_like),
+        "granite": lambda: T.GraniteConfig(**llama_like, residual_multiplier=0.3, embedding_multiplier=2.0,
+                                           logits_scaling=4.0, attention_multiplier=0.5),
+        "opt": lambda: T.OPTConfig(vocab_size=vocab_size, hidden_size=32, ffn_dim=48, num_hidden_layers=2,
+                                   num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=32,
+                                   dropout=0.0, **ids),
+        "opt-350m": lambda: T.OPTConfig(vocab_size=vocab_size, hidden_size=32, ffn_dim=48, num_hidden_layers=2,
+                                        num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=16,
+                                        do_layer_norm_before=False, dropout=0.0, **ids),
+    }
+    if label not in builders:
+        raise ValueError(f"no tiny config for {label!r}; known: {', '.join(builders)}")
+    return builders[label]()
+
+
+def tiny_family_lm(label: str, vocab_size: int, seed: int = 0, noise: float = 0.5):
+    """A randomly initialised causal LM of one verified architecture (``interp.hooks.lm_sites.
+    VERIFIED_ARCHITECTURES``' labels), float32, CPU, eval mode, eager attention. Every norm gain and every
+    bias gets Gaussian noise of size ``noise`` (norm gains start at 1 or 0, biases at 0: an ignored gain or
+    bias would not show otherwise)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = _family_config(label, vocab_size)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            is_norm = any(k in name for k in ("norm", "ln_", "layer_norm", "layernorm"))
+            if leaf == "bias" or (is_norm and leaf == "weight"):
+                parameter.add_(noise * torch.randn_like(parameter))
+    return model

@@ -7,6 +7,7 @@ import json
 import sys
 
 from .cli import add_dtype_argument, at_least, dtype_name, parse_dtype, run_command
+from .shipped import add_overwrite_options
 from .models.t2i import MAX_SEED
 
 
@@ -16,6 +17,9 @@ def _generate(args) -> int:
     model = load_t2i(args.model, dtype=parse_dtype(args.dtype) if args.dtype else None)
     images = model.generate(args.prompt, steps=args.steps, seed=args.seed, guidance=args.guidance,
                             height=args.height, width=args.width)
+    from pathlib import Path
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # --out runs/images/x.png: the folder is made
     images[0].save(args.out)
     print(f"wrote {args.out} ({images[0].width}x{images[0].height}, {args.model}, "
           f"steps={args.steps or model.default_steps}, seed={args.seed}, {dtype_name(model.pipe.unet.dtype)})")
@@ -27,6 +31,7 @@ def _lm_description(name: str) -> dict:
     from transformers import AutoConfig
 
     from .hooks.lm import residual_hook_names
+    from .hooks.lm_sites import family_of
     from .models.lm import LMError, hf_n_ctx, resolve_lm
 
     source, local = resolve_lm(name)
@@ -35,8 +40,11 @@ def _lm_description(name: str) -> dict:
     except OSError as error:
         raise LMError(f"cannot read the config of {name!r}: {error}") from error
     n_layers = config.num_hidden_layers
-    return {"model": name, "kind": "language-model", "model_type": config.model_type, "n_layers": n_layers,
-            "d_model": config.hidden_size, "n_ctx": hf_n_ctx(config), "hooks": residual_hook_names(n_layers)}
+    family = family_of(config)  # the site table's; an unknown family is one clear line
+    sites = ("resid_pre", "resid_mid", "resid_post") if family.mlp_input else ("resid_pre", "resid_post")
+    return {"model": name, "kind": "language-model", "model_type": config.model_type, "family": family.name,
+            "n_layers": n_layers, "d_model": config.hidden_size, "n_ctx": hf_n_ctx(config),
+            "hooks": residual_hook_names(n_layers, sites)}
 
 
 def _blocks(args) -> int:
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   "models, --text) into an activation store (resumable)")
     add_collect_arguments(collect)
     collect.set_defaults(run=collect_command)
-    return run_command(parser.parse_args(argv))
+    return run_command(add_overwrite_options(parser).parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,17 @@ def at_least(minimum: int, maximum: int | None = None):
     return parse
 
 
+def probability(text: str) -> float:
+    """An argparse type: a number from 0 to 1 (a fraction, a rate, an AUROC)."""
+    value = float(text)
+    if not 0 <= value <= 1:  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
+    return value
+
+
+probability.__name__ = "float"  # argparse's message for a non-number: "invalid float value"
+
+
 def _frames(err: BaseException) -> list:
     """The frames the error passed through, outermost first."""
     frames, tb = [], err.__traceback__
@@ -112,8 +123,13 @@ def user_error_message(err: BaseException) -> str | None:
 
 
 def run_command(args, interrupted: str = "interrupted") -> int:
-    """`args.run(args)` with the failures a user can act on as `error: message` (exit 2) and Ctrl-C as exit 130."""
+    """`args.run(args)` with the failures a user can act on as `error: message` (exit 2) and Ctrl-C as exit 130.
+    Before the command runs, its output options must not point into files shipped with the repository
+    (`interp.shipped`: refused unless --overwrite)."""
+    from .shipped import refuse_shipped_outputs
+
     try:
+        refuse_shipped_outputs(args)
         return args.run(args)
     except KeyboardInterrupt:
         print(interrupted, file=sys.stderr)

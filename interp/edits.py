@@ -91,6 +91,12 @@ class Edit:
             raise EditError(f"a {self.mode} edit takes no `feature`")
 
     @property
+    def is_identity(self) -> bool:
+        """An edit that changes nothing (add at strength 0, scale by 1): applying it leaves the block's output
+        bit-identical instead of recomputing input + update."""
+        return (self.mode == "add" and self.strength == 0.0) or (self.mode == "scale" and self.strength == 1.0)
+
+    @property
     def needs_sae(self) -> bool:
         return self.feature is not None or self.mode == "splice"
 
@@ -261,7 +267,7 @@ class PreparedEdits:
         """
         result = update
         for edit in self.by_block.get(block, ()):
-            if edit.steps is not None and step not in edit.steps:
+            if edit.is_identity or (edit.steps is not None and step not in edit.steps):
                 continue
             if edit.cfg_half is None:
                 rows = slice(None)

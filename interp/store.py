@@ -51,6 +51,10 @@ from .models.t2i import MAX_SEED, generate
 FORMAT = "interp-activation-store"
 VERSION = 1
 PLAN_FILE = "plan.json"
+# The manifest says how steps were stored: scheduler steps, each the mean of the denoiser calls it made
+# (`calls_per_step`: Heun, 4 steps: [2, 2, 2, 1]; Euler: [1, 1, 1, 1]).
+CALLS_PER_STEP = "calls_per_step"
+STEP_REDUCTION = "step_reduction"
 MANIFEST_FILE = "manifest.json"
 SHARD_DIR = "shards"
 STORE_DTYPE = torch.float16
@@ -143,6 +147,11 @@ def _clean_temporaries(out: Path) -> None:
                 tmp.unlink(missing_ok=True)
 
 
+def _shard_metadata(path: Path) -> dict[str, str]:
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata() or {}
+
+
 def _shard_digests(path: Path) -> dict[str, str] | None:
     """The digests in a shard's header (cheap: no tensor is read); None for a shard written without them."""
     with safe_open(str(path), framework="pt") as f:
@@ -161,13 +170,15 @@ def _shard_is_whole(path: Path, blocks: list[str], index_key: str = "image_index
 
 # ----------------------------------------------------------------------------- collection
 
-def _capture_images(model, plan: CollectionPlan, start: int, stop: int) -> dict[str, torch.Tensor]:
-    """{block: (n, steps, C, H, W) fp16 on the CPU} for images [start, stop)."""
+def _capture_images(model, plan: CollectionPlan, start: int, stop: int) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """{block: (n, steps, C, H, W) fp16 on the CPU} for images [start, stop), and the denoiser calls each scheduler
+    step made (a step of several, Heun's or PNDM's warm-up, is stored as the mean of their updates)."""
     with capture_updates(model, plan.blocks, device="cpu") as cap:
         generate(model, plan.prompts[start:stop], steps=plan.steps, seed=plan.seeds[start:stop],
                  guidance=plan.guidance, output_type="latent")
-    return {block: cap.updates(block, plan.half).transpose(0, 1).to(STORE_DTYPE).contiguous()
-            for block in plan.blocks}
+    tensors = {block: cap.updates(block, plan.half).transpose(0, 1).to(STORE_DTYPE).contiguous()
+               for block in plan.blocks}
+    return tensors, cap.calls_per_step(plan.blocks[0])
 
 
 def _check_plan(out: Path, plan: CollectionPlan) -> None:
@@ -220,6 +231,7 @@ def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, 
             raise StoreError(f"unknown block {block!r}; the model's blocks are: {', '.join(model.blocks)}")
     plan.shapes = {b: [plan.steps, model.blocks[b].channels, model.blocks[b].height, model.blocks[b].width]
                    for b in plan.blocks}
+    fresh = not (out / PLAN_FILE).exists()
     if rank == 0:
         _prepare_directory(out, plan)
     barrier()
@@ -232,24 +244,36 @@ def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, 
                       unit="shard", disable=not progress or rank != 0, initial=len(mine) - len(todo),
                       total=len(mine)):
         start, stop = plan.shard_range(shard)
-        tensors = _capture_images(model, plan, start, stop)
+        try:
+            tensors, calls = _capture_images(model, plan, start, stop)
+        except Exception:
+            # A generation that fails before any shard is written (a model that cannot run these prompts) must
+            # not leave a plan that asks to resume: the same command would fail again.
+            if fresh and rank == 0 and world_size == 1 and not any(shard_dir.iterdir()):
+                (out / PLAN_FILE).unlink(missing_ok=True)
+            raise
         tensors["image_index"] = torch.arange(start, stop, dtype=torch.int64)
-        _write_resumable_shard(plan, shard_dir, shard, tensors)
+        _write_resumable_shard(plan, shard_dir, shard, tensors, metadata={CALLS_PER_STEP: json.dumps(calls)})
     barrier()
     if rank == 0:
         manifest = plan.to_dict()
         manifest["n_images"] = plan.n_images
+        calls = _shard_metadata(shard_dir / shard_name(0)).get(CALLS_PER_STEP)
+        if calls is not None:  # shards written before steps were scheduler steps do not say
+            manifest[CALLS_PER_STEP] = json.loads(calls)
+            manifest[STEP_REDUCTION] = "mean"
         _write_manifest(out, plan, manifest)
     barrier()
     return out / MANIFEST_FILE
 
 
 def _write_resumable_shard(plan, shard_dir: Path, shard: int, tensors: dict[str, torch.Tensor],
-                           index_key: str = "image_index") -> None:
+                           index_key: str = "image_index", metadata: dict[str, str] | None = None) -> None:
     """Write one shard (its [start, stop) in the header); a failed write says how to resume."""
     start, stop = plan.shard_range(shard)
     try:
-        write_shard(shard_dir / shard_name(shard), tensors, metadata={"start": str(start), "stop": str(stop)})
+        write_shard(shard_dir / shard_name(shard), tensors,
+                    metadata={**(metadata or {}), "start": str(start), "stop": str(stop)})
     except OSError as err:
         done = sum(_shard_is_whole(shard_dir / shard_name(k), plan.blocks, index_key) for k in range(plan.n_shards))
         raise StoreError(f"cannot write shard {shard} to {shard_dir}: {err.strerror or err}; the store is "
@@ -476,10 +500,9 @@ def lm_collect_command(args) -> int:
     documents = read_documents(args.text)
     text_sha256 = hashlib.sha256(read_text_file(args.text).encode("utf-8")).hexdigest()
     lm = load_lm(args.model, backend=args.backend, device=args.device or "cpu", dtype=parse_dtype(args.dtype))
-    from .hooks.lm import parse_hook_name
+    from .hooks.lm import check_hooks
 
-    for hook in args.blocks:  # before tokenizing: a wrong name is the commonest mistake
-        parse_hook_name(hook, lm.n_layers)
+    check_hooks(lm, args.blocks)  # before tokenizing and before any file: a wrong name is the commonest mistake
     context = min(args.context, lm.n_ctx)
     sequences = token_sequences(lm.tokenizer, documents, context)
     selected, note = limit_tokens(select_positions(sequences, args.positions), args.max_tokens, args.allow_fewer,

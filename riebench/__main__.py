@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interp.cli import add_dtype_argument, at_least, dtype_name, run_command, t2i_dtype
+from interp.cli import add_dtype_argument, at_least, dtype_name, probability, run_command, t2i_dtype
+from interp.shipped import add_overwrite_options
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,8 +33,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
     p.add_argument("--seed", type=int, default=None, help="one seed for every task (default: each task's own)")
     p.add_argument("--save-images", action="store_true", help="also write each edited image as PNG")
-    p.add_argument("--min-preservation", type=float, default=0.9,
-                   help="headline table: compare methods at preservation >= this")
+    p.add_argument("--min-preservation", type=probability, default=0.9,
+                   help="headline table: compare methods at preservation >= this (0 to 1)")
     p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads")
     add_dtype_argument(p, default=None, what="the pipeline")
     p.add_argument("--out", required=True, help="output directory (results, tables, plots)")
@@ -127,7 +128,9 @@ def _sweep(args) -> int:
 
 def _report(args) -> int:
     from .report import write_report
+    from .runner import check_run_dir
 
+    check_run_dir(args.out)
     report = write_report(args.out, min_preservation=args.min_preservation)
     print(f"{report['results']} results, {len(report['failed'])} failed; tables and plots in {args.out}")
     return 0
@@ -175,10 +178,11 @@ def main(argv: list[str] | None = None) -> int:
 
     rep = commands.add_parser("report", help="(re)write the tables and plots of a run directory")
     rep.add_argument("out")
-    rep.add_argument("--min-preservation", type=float, default=0.9)
+    rep.add_argument("--min-preservation", type=probability, default=0.9, help="0 to 1")
     rep.set_defaults(run=_report)
 
-    return run_command(parser.parse_args(argv), interrupted="interrupted: rerun the same command to resume")
+    return run_command(add_overwrite_options(parser).parse_args(argv),
+                       interrupted="interrupted: rerun the same command to resume")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,11 @@ class MethodError(ValueError):
     """A method configuration that cannot run (unknown method, k_trans too large, missing SAE)."""
 
 
+# The multipliers a configuration may have: 0 moves nothing, 1 the measured amounts; beyond 10 times them an edit
+# only saturates the image (the sweep's grid is 0.5 to 2), and 1e30 overflows the update to infinities.
+MULTIPLIER_RANGE = (0.0, 10.0)
+
+
 @dataclass
 class MethodConfig:
     """What edits a task: the method's registered name and its knobs (serialises to JSON)."""
@@ -80,9 +85,11 @@ class MethodConfig:
         if isinstance(self.k_trans, bool) or not isinstance(self.k_trans, (int, np.integer)) or self.k_trans < 1:
             raise MethodError(f"k_trans must be a positive integer, not {self.k_trans!r}")
         self.k_trans = int(self.k_trans)
-        if not np.isfinite(float(self.multiplier)):
-            raise MethodError(f"the multiplier must be a finite number, not {self.multiplier!r}")
-        self.multiplier = float(self.multiplier)
+        m = float(self.multiplier)
+        if not np.isfinite(m) or not MULTIPLIER_RANGE[0] <= m <= MULTIPLIER_RANGE[1]:
+            raise MethodError(f"the multiplier m must be from {MULTIPLIER_RANGE[0]:g} to {MULTIPLIER_RANGE[1]:g}, not "
+                              f"{self.multiplier!r} (m scales the moved amounts: 0 moves nothing, 1 what was measured)")
+        self.multiplier = m
         if isinstance(self.blocks, str):
             self.blocks = [self.blocks]
         self.blocks = [block_name(b) for b in self.blocks]
@@ -222,8 +229,9 @@ def prepare_task(model, task: Task, blocks: list[str], seed: int | None = None, 
             per_block = {}
             for b in blocks:
                 info = model.blocks[b]
-                # one record per U-Net call; each layer (batch, tokens, neurons); keep the cond row (last)
-                calls = recorded.records[b]
+                # one record per scheduler step (its calls averaged); each layer (batch, tokens, neurons); keep
+                # the cond row (last)
+                calls = recorded.per_step(b)
                 per_block[b] = torch.stack([torch.stack([layer[-1] for layer in call]) for call in calls]) \
                     .reshape(len(calls), -1, info.height, info.width, calls[0][0].shape[-1])
             neuron_records.append(per_block)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write, atomic_write_text
+from interp.ground_truth import require_ground_truth
 
 from .methods import (METHODS, MethodConfig, MethodError, load_saes, make_method, method_names, prepare_task,
                       run_plan)
@@ -54,6 +55,13 @@ class RunConfig:
         d = asdict(self)
         d["configs"] = [c.to_dict() for c in self.configs]
         return d
+
+
+class RunError(ValueError):
+    """A results directory that cannot take this run, or cannot be reported on."""
+
+
+RUN_FILE = "run.json"
 
 
 def load_suite(cfg: RunConfig) -> Suite:
@@ -98,6 +106,7 @@ class Runner:
                  suite: Suite | None = None, progress: bool = True):
         self.cfg = cfg
         self.out = Path(out)
+        check_same_run(self.out, cfg)  # before anything is loaded: results of two runs never mix
         self.suite = suite if suite is not None else load_suite(cfg)
         if not self.suite.tasks:
             raise TaskError("no task selected")
@@ -110,12 +119,27 @@ class Runner:
             model = load_t2i(cfg.model, device="cpu" if not torch.cuda.is_available() else None,
                              dtype=t2i_dtype(cfg.dtype))
         self.model = model
+        if any(task.original_scene is not None for task in self.suite.tasks):
+            # Shapes-world tasks are scored against the scene an image should show: a model made elsewhere cannot
+            # be judged so (it would score success 0 and perfect preservation, meaning nothing).
+            truth = require_ground_truth(model, "scoring the shapes-world suite",
+                                         "give a task file of real-image tasks (--suite FILE, scored by CLIP and "
+                                         "LPIPS) or a shapes-world model (--model toy)")
+            if truth.name != "shapes":
+                raise TaskError(f"the suite is the shapes world's but {getattr(model, 'name', model)} was made in "
+                                f"the {truth.name} world")
         # The run's steps and seed, like every configuration below, are checked before anything is generated.
         model.check_request(model.default_steps if cfg.steps is None else cfg.steps,
                             seeds=() if cfg.seed is None else (cfg.seed,))
         blocks = sorted({b for c in cfg.configs for b in c.blocks})
         if saes is None and cfg.saes:
+            from saes.sae import SAEFormatError, check_sae_model
+
             saes = load_saes(cfg.saes, blocks)
+            try:  # SAEs of another model (toy-v2's on toy) would edit with meaningless features
+                check_sae_model(saes, model.name, cfg.saes)
+            except SAEFormatError as err:
+                raise MethodError(str(err)) from None
         self.saes = saes or {}
         self.methods = {}
         for config in cfg.configs:  # every configuration is checked before anything is generated
@@ -159,7 +183,7 @@ class Runner:
         from tqdm import tqdm
 
         self.out.mkdir(parents=True, exist_ok=True)
-        write_json(self.out / "run.json", {"run": self.cfg.to_dict(), "suite": {
+        write_json(self.out / RUN_FILE, {"run": self.cfg.to_dict(), "suite": {
             "name": self.suite.name, "version": self.suite.version, "seed": self.suite.seed,
             "tasks": len(self.suite.tasks)}})
         work = self.pending()
@@ -252,6 +276,54 @@ def load_results(out: str | os.PathLike) -> tuple[list[dict], list[dict]]:
             continue
         (failed if "error" in data else done).append(data)
     return done, failed
+
+
+def check_run_dir(out: str | os.PathLike) -> None:
+    """A RunError unless `out` holds a RIEBench run whose results can all be read (what `riebench report` reads):
+    an empty directory, one without a run, or a damaged result file would give empty or partial tables."""
+    out = Path(out)
+    if not out.is_dir():
+        raise RunError(f"{out} is not a directory: give the --out of a `python -m riebench run` or `sweep`")
+    files = sorted(out.glob("results/*/*.json"))
+    if not (out / RUN_FILE).is_file() and not files:
+        raise RunError(f"{out} holds no RIEBench run (no {RUN_FILE}, no results/): give the --out of a "
+                       f"`python -m riebench run` or `sweep`")
+    if not files:
+        raise RunError(f"{out} holds no results yet: run the command that made it again to compute them")
+    damaged = []
+    for path in files:
+        try:
+            json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            damaged.append(str(path))
+    if damaged:
+        raise RunError(f"{len(damaged)} result file(s) cannot be read ({', '.join(damaged[:3])}"
+                       f"{', ...' if len(damaged) > 3 else ''}): delete them and run the command that made {out} "
+                       f"again to redo those tasks")
+
+
+def check_same_run(out: str | os.PathLike, cfg: RunConfig) -> None:
+    """A RunError if `out` already holds another run's results: a results directory holds one run's configuration
+    (the same command again resumes it; save_images may change). Results without a run.json are refused too."""
+    out = Path(out)
+    path = out / RUN_FILE
+    if not path.is_file():
+        if any(out.glob("results/*/*.json")):
+            raise RunError(f"{out} holds results but no {RUN_FILE} saying what made them: choose an empty --out")
+        return
+    try:
+        before = json.loads(path.read_text())["run"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        raise RunError(f"{path} cannot be read, so the results in {out} cannot be resumed: choose an empty --out") \
+            from None
+    now = json.loads(json.dumps(cfg.to_dict()))
+    keys = list(now) + [k for k in before if k not in now]  # RunConfig's order: the model first
+    differ = [k for k in keys if k != "save_images" and before.get(k) != now.get(k)]
+    if differ:
+        shown = "; ".join(f"{k}: {json.dumps(before.get(k))[:60]} there, {json.dumps(now.get(k))[:60]} here"
+                          for k in differ[:3])
+        raise RunError(f"{out} holds the results of another run ({shown}): a results directory holds one run, so "
+                       f"choose another --out (or run the same command again to resume that one)")
 
 
 def sweep_configs(k_values: list[int], multipliers: list[float], blocks: list[str],

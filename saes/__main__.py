@@ -21,7 +21,11 @@ import os
 import sys
 from pathlib import Path
 
-from interp.cli import MIXED_DEFAULT, add_dtype_argument, at_least, run_command, t2i_dtype
+from interp.cli import MIXED_DEFAULT, add_dtype_argument, at_least, probability, run_command, t2i_dtype
+from interp.shipped import add_overwrite_options
+
+
+STORE_POOL_IMAGES = 400  # `saes features --store` without --images: the pool's size
 
 
 def _open_store(path: str, block: str):
@@ -46,9 +50,11 @@ def _channels(store, block: str) -> int:
 
 
 def _store_metadata(store, block: str, path: str) -> dict:
-    """The SAE's metadata: its hook; for a language-model store also sae-lens' model_name, context_size,
-    prepend_bos and dataset_path, so that sae-lens and TransformerLens users can attach it."""
+    """The SAE's metadata: its hook and sae-lens' model_name (the store's model); for a language-model store also
+    context_size, prepend_bos and dataset_path, so that sae-lens and TransformerLens users can attach it."""
     metadata = {"hook_name": block, "store": str(path)}
+    if store.manifest.get("model"):  # which model the SAE reads: the SAE is refused with any other
+        metadata["model_name"] = store.manifest["model"]
     if getattr(store, "kind", None) == "lm":
         manifest = store.manifest
         metadata.update(model_name=manifest["model"], context_size=int(manifest["context"]), prepend_bos=True,
@@ -158,7 +164,7 @@ def _eval(args) -> int:
         result["splice_fidelity"] = splice_fidelity(model, sae, _model_block(model, block), prompts[:n], seeds[:n],
                                                     steps=args.steps, progress=True)
         table += "\n" + fidelity_table({block: result["splice_fidelity"]})
-    write_eval(args.sae, args.out, result, table)
+    write_eval(args.sae, args.out, result, table, overwrite=args.overwrite)
     return 0
 
 
@@ -203,10 +209,11 @@ def _sae_dirs(paths: list[str]) -> list[Path]:
 
 
 def _features(args) -> int:
-    from .features import (ANALYSE_ELSEWHERE, AnalysisConfig, analyse, default_pool_dir, generate_pool,
-                           refuse_shipped, store_pool)
+    from interp.shipped import refuse_shipped
+
+    from .features import ANALYSE_ELSEWHERE, AnalysisConfig, analyse, default_pool_dir, generate_pool, store_pool
     from .lm_features import lm_features_command, reads_lm_hook
-    from .sae import SAE
+    from .sae import SAE, check_sae_model
 
     if args.text is not None or reads_lm_hook(args.sae):  # SAEs on an LM's residual stream: cards over text
         return lm_features_command(args)
@@ -214,7 +221,7 @@ def _features(args) -> int:
         raise ValueError("give --out DIR, where features.html and features_summary.json go")
     if (args.store is None) == (args.world is None):
         raise ValueError("give exactly one source of analysis images: --store DIR or --world N")
-    if args.world is not None and args.world < 1 or args.images < 1:
+    if args.world is not None and args.world < 1:
         raise ValueError("the number of analysis images must be at least 1")
     if args.top < 1:
         raise ValueError("--top must be at least 1")
@@ -226,6 +233,7 @@ def _features(args) -> int:
     saes = {}
     for directory in sae_dirs:
         sae = SAE.load(directory)
+        check_sae_model({directory.name: sae}, args.model, directory)  # cards of toy-v2's SAEs on toy mean nothing
         block = sae.cfg.metadata.get("hook_name") or directory.name
         block = _model_block(model, block)
         if sae.cfg.d_in != model.blocks[block].channels:
@@ -241,7 +249,10 @@ def _features(args) -> int:
         missing = [b for b in saes if b not in store.blocks]
         if missing:
             raise ValueError(f"the store at {args.store} lacks {', '.join(missing)}; it has: {', '.join(store.blocks)}")
-        pool = store_pool(model, store, list(saes), args.images)
+        if args.images is not None and args.images > len(store):
+            raise ValueError(f"--images {args.images}: the store at {args.store} holds {len(store)} images; "
+                             f"give at most {len(store)}")
+        pool = store_pool(model, store, list(saes), args.images or min(STORE_POOL_IMAGES, len(store)))
     else:
         from interp.ground_truth import world
 
@@ -266,7 +277,8 @@ def _causal(args) -> int:
 
 
 def _report(args) -> int:
-    from .features import refuse_shipped
+    from interp.shipped import refuse_shipped
+
     from .report import build_report, write_report
 
     if not args.overwrite:
@@ -374,8 +386,11 @@ def main(argv: list[str] | None = None) -> int:
                                                  "loss recovered and KL; --tokens caps the scored tokens")
     ev.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
     ev.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
+    ev.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
+                    help="--text: the language model's backend (both read the same residual stream)")
     add_dtype_argument(ev, default=None, said=MIXED_DEFAULT)
-    ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json; .md beside it)")
+    ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json, or for a shipped SAE "
+                                                "runs/eval/<its path>/eval.json; .md beside it)")
     ev.set_defaults(run=_eval)
 
     fe = commands.add_parser("features", help="feature cards: frequency, mean activation, top images with "
@@ -387,11 +402,13 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--world", type=int, default=None, metavar="N", help="analyse N fresh shapes-world images")
     fe.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
     fe.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
-    fe.add_argument("--images", type=int, default=400, help="with --store: how many of its images")
+    fe.add_argument("--images", type=at_least(1), default=None,
+                    help=f"with --store: how many of its images (default: {STORE_POOL_IMAGES}, or all it holds if "
+                         f"fewer)")
     fe.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
     fe.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
     fe.add_argument("--top", type=int, default=6, help="top-activating images per feature")
-    fe.add_argument("--label-min-auroc", type=float, default=0.7, help="AUROC a label needs")
+    fe.add_argument("--label-min-auroc", type=probability, default=0.7, help="AUROC a label needs (0 to 1)")
     fe.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
     fe.add_argument("--model-name", default=None, help="the model's name in features.json (default: --model)")
     fe.add_argument("--overwrite", action="store_true",
@@ -404,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     fe.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
                                                  "with Dolly's or text fields, or plain text lines)")
     fe.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
+    fe.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
+                    help="--text: the language model's backend (both read the same residual stream)")
     fe.set_defaults(run=_features)
 
     from . import causal
@@ -471,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     im.add_argument("--k", type=int, default=None, help="default: config.json beside it, else 10")
     im.set_defaults(run=_import_sdxl)
 
-    return run_command(parser.parse_args(argv), interrupted="interrupted; run the same command again to resume")
+    return run_command(add_overwrite_options(parser).parse_args(argv),
+                       interrupted="interrupted; run the same command again to resume")
 
 
 if __name__ == "__main__":

@@ -209,7 +209,9 @@ def summarise(library, blocks: list[str]) -> str:
 def causal_command(args, load_model) -> int:
     """`python -m saes causal`: score the labelled features of a library's blocks and store the scores.
     load_model(args): the T2IModel (`saes.__main__._load_model`), called once the arguments are checked."""
-    from .features import FEATURES_FILENAME, refuse_shipped
+    from interp.shipped import refuse_shipped
+
+    from .features import FEATURES_FILENAME
     from .library import FeatureLibrary
 
     library = FeatureLibrary(args.sae)

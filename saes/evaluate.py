@@ -77,14 +77,28 @@ def markdown_table(rows: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_eval(sae_dir, out, result: dict, table: str) -> Path:
-    """``saes eval``'s outputs: strict JSON at ``out`` (default ``<sae_dir>/eval.json``) and the table beside it
+def default_eval_path(sae_dir, overwrite: bool = False) -> Path:
+    """Where ``saes eval`` writes without --out: ``<sae_dir>/eval.json`` for the user's own SAE; for a shipped one
+    (which is never rewritten by default), ``runs/eval/<its path under the shipped root>/eval.json`` in the working
+    directory, so evaluating ``saes/pretrained/toy/mid_block.attentions.0`` leaves the shipped eval.json as it is
+    (``overwrite``: into the shipped directory, on purpose)."""
+    from interp.shipped import shipped_root
+
+    sae_dir = Path(sae_dir).resolve()
+    root = shipped_root(sae_dir)
+    if root is None or overwrite:
+        return sae_dir / "eval.json"
+    return Path("runs") / "eval" / root.name / sae_dir.relative_to(root) / "eval.json"
+
+
+def write_eval(sae_dir, out, result: dict, table: str, overwrite: bool = False) -> Path:
+    """``saes eval``'s outputs: strict JSON at ``out`` (default: `default_eval_path`) and the table beside it
     (``.md``); prints the table and where both went."""
     from interp.atomic import atomic_write_text
 
     from .strict_json import write_json
 
-    out = Path(out or Path(sae_dir) / "eval.json")
+    out = Path(out or default_eval_path(sae_dir, overwrite))
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result)
     atomic_write_text(out.with_suffix(".md"), table)

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write, atomic_write_text
-from interp.zoo import WEIGHTS_DIR
+from interp.shipped import refuse_shipped
 
 from .sae import SAE
 from .strict_json import dumps, write_json
@@ -52,8 +52,6 @@ IMAGES_FILENAME = "analysis_images.npz"
 PROMPTS_FILENAME = "analysis_prompts.json"
 SUMMARY_FILENAME = "features_summary.json"
 HTML_FILENAME = "features.html"
-# Directories whose files ship with the repository: the pretrained SAEs (cards and pool included), the models.
-SHIPPED_DIRS = (Path(__file__).resolve().parent / "pretrained", WEIGHTS_DIR)
 # How to analyse shipped SAEs without rewriting them.
 ANALYSE_ELSEWHERE = ("copy the SAEs out first (e.g. cp -r saes/pretrained/toy runs/toy-saes) and analyse the copies, "
                      "with --out and --pool-dir outside the shipped directories")
@@ -548,21 +546,6 @@ def pool_fingerprint(images: np.ndarray, prompts: list[str]) -> str:
     digest = hashlib.sha256(dumps([list(images.shape), list(prompts)]).encode())
     digest.update(images.data)
     return digest.hexdigest()
-
-
-def shipped(path: str | os.PathLike) -> bool:
-    """Whether the path is, or lies inside, a directory that ships with the repository."""
-    path = Path(path).resolve()
-    return any(path == root or root in path.parents for root in SHIPPED_DIRS)
-
-
-def refuse_shipped(paths, command: str, instead: str) -> None:
-    """A FeaturesError if any of the paths that `command` would write ships with the repository; `instead`
-    says how to write elsewhere."""
-    hit = [str(p) for p in paths if shipped(p)]
-    if hit:
-        raise FeaturesError(f"{command} would rewrite files shipped with the repository ({', '.join(hit)}); "
-                            f"{instead}, or pass --overwrite to regenerate the shipped files on purpose")
 
 
 def _orphaned_cards(pool_dir: Path, blocks_written: set[Path], new_fingerprint: str) -> list[str]:

@@ -185,7 +185,8 @@ def lm_eval_command(args) -> int:
 
         torch.set_num_threads(args.threads)
         documents = read_documents(args.text)  # bad files fail before the model loads
-        lm = load_lm(args.model, device=getattr(args, "device", None) or "cpu", dtype=lm_dtype(args.dtype))
+        lm = load_lm(args.model, backend=getattr(args, "backend", "hf"), device=getattr(args, "device", None) or "cpu",
+                     dtype=lm_dtype(args.dtype))
         check_sae_for_model(sae, lm, hook)
         recorded = sae.cfg.metadata.get("model_name")
         if recorded and recorded != args.model:
@@ -205,7 +206,7 @@ def lm_eval_command(args) -> int:
     table = markdown_table({hook: result})
     if "lm_splice" in result:
         table += "\n" + lm_table({hook: result["lm_splice"]})
-    write_eval(args.sae, args.out, result, table)
+    write_eval(args.sae, args.out, result, table, overwrite=args.overwrite)
     return 0
 
 

@@ -10,7 +10,8 @@ and a corpus, per feature:
     top_contexts     the sequences where it fires most (one context per sequence), each with the token at its maximum and a
                      window around it, every token with the feature's activation there
     promoted         the 10 tokens whose logits its decoder direction raises most through the
-    suppressed       unembedding (W_U times the final norm's scale times d_f), and the 10 it lowers most
+    suppressed       model's own final norm and output head (linearised: `interp.hooks.lm_steer.logit_effects`),
+                     and the 10 it lowers most
 
 The corpus is read and cut into sequences as for collection and evaluation (`interp.lm_text`: JSONL
 with Dolly's ``instruction``/``context``/``response``, ``text`` or ``prompt`` + ``completion``, or plain
@@ -38,8 +39,9 @@ import torch
 from interp.atomic import atomic_write_text
 from interp.cli import dtype_name, lm_dtype
 from interp.hooks.lm_steer import is_residual_hook
+from interp.shipped import refuse_shipped
 
-from .features import ANALYSE_ELSEWHERE, FEATURES_FILENAME, HTML_FILENAME, refuse_shipped
+from .features import ANALYSE_ELSEWHERE, FEATURES_FILENAME, HTML_FILENAME
 from .sae import CFG_FILENAME, SAE
 from .strict_json import write_json
 
@@ -431,7 +433,7 @@ def lm_features_command(args) -> int:
         refuse_shipped(out_dirs, "saes features", ANALYSE_ELSEWHERE)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_lm(model, dtype=lm_dtype(getattr(args, "dtype", None)))
+    lm = load_lm(model, backend=getattr(args, "backend", "hf"), dtype=lm_dtype(getattr(args, "dtype", None)))
     for (directory, sae), out in zip(saes, out_dirs):
         payload = analyse_lm_sae(lm, sae, args.text, out, config, model_name=args.model_name or model,
                                  sae_dir=directory, overwrite=args.overwrite)

@@ -327,3 +327,28 @@ def load_sae_set(root: str | os.PathLike, blocks=None, dtype: str | None = None)
         raise SAEFormatError(f"{root} holds no SAE{wanted} (one directory per block, each with {CFG_FILENAME}; "
                              f"train some with `python -m saes train`)")
     return found
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Whether two `--model` values name the same model: equal names, or names and directories that resolve to
+    the same weights directory ("toy" and interp/zoo/weights/t2i)."""
+    if a == b:
+        return True
+    from interp.models.t2i import resolve
+
+    try:
+        sources = [resolve(name)[0] for name in (a, b)]
+    except ValueError:  # not a text-to-image name: language models are compared by name
+        return False
+    return all(os.path.isdir(s) for s in sources) and Path(sources[0]).resolve() == Path(sources[1]).resolve()
+
+
+def check_sae_model(saes: dict, model_name: str, where: str | os.PathLike) -> None:
+    """A SAEFormatError if an SAE was trained on another model than `model_name` (its cfg.json's metadata
+    model_name; an SAE that names none, like an imported one, is checked by its width only, where it is used)."""
+    for block, sae in saes.items():
+        trained_on = (sae.cfg.metadata or {}).get("model_name")
+        if trained_on and not _same_model(str(trained_on), str(model_name)):
+            raise SAEFormatError(f"the SAEs in {where} were trained on {trained_on} ({block}'s cfg.json: model_name), "
+                                 f"not on {model_name}: use SAEs of {model_name} (python -m saes train on a store "
+                                 f"collected from it), or --model {trained_on}")

@@ -261,7 +261,7 @@ def _fake_block_runs(runs, module):
             {"best_by_block": by_block, "best_by_method": [{"method": "prompt-swap"}, {"method": "activation-diff@x"}]}))
 
 
-def test_t2i_block_roles_report_names_what_each_block_carries_and_fills_only_its_readme_block(tmp_path, monkeypatch):
+def test_t2i_block_roles_report_names_what_each_block_carries_and_fills_only_its_docs_block(tmp_path, monkeypatch):
     from argparse import Namespace
 
     from experiments import t2i_blocks
@@ -281,13 +281,21 @@ def test_t2i_block_roles_report_names_what_each_block_carries_and_fills_only_its
     assert "composition | nothing | change colour | position | change colour" in rows["| **down_blocks.2.attentions.1**"]
     # v3 has no transformer blocks at 16 x 16: its cells say so rather than "nothing"
     assert rows["| up_blocks.1.attentions.2"].endswith("| (no such block) | (no such block) |")
-    (tmp_path / "README.md").write_text("before\n<!-- t2i-v2-blocks -->\nstale figures\n<!-- /t2i-v2-blocks -->\nafter\n")
-    t2i_blocks.report(Namespace(readme=True))
-    t2i_blocks.report(Namespace(readme=True))  # idempotent
-    readme = (tmp_path / "README.md").read_text()
-    assert readme.startswith("before\n<!-- t2i-v2-blocks -->\n") and readme.endswith("<!-- /t2i-v2-blocks -->\nafter\n")
+    page = tmp_path / t2i_blocks.DOCS_PAGE
+    with pytest.raises(FileNotFoundError):  # no docs page: nothing else is written in its place
+        t2i_blocks.report(Namespace(docs=True))
+    assert not (tmp_path / "README.md").exists()
+    page.parent.mkdir(parents=True)
+    page.write_text("no markers\n")
+    with pytest.raises(ValueError, match="has no <!-- t2i-v2-blocks -->"):
+        t2i_blocks.report(Namespace(docs=True))
+    page.write_text("before\n<!-- t2i-v2-blocks -->\nstale figures\n<!-- /t2i-v2-blocks -->\nafter\n")
+    t2i_blocks.report(Namespace(docs=True))
+    t2i_blocks.report(Namespace(docs=True))  # idempotent
+    text = page.read_text()
+    assert text.startswith("before\n<!-- t2i-v2-blocks -->\n") and text.endswith("<!-- /t2i-v2-blocks -->\nafter\n")
     # roles, probes, and the RIEBench table of each model
-    assert "stale figures" not in readme and readme.count("| **mid_block.attentions.0** |") == 2 + len(t2i_blocks.MODELS)
+    assert "stale figures" not in text and text.count("| **mid_block.attentions.0** |") == 2 + len(t2i_blocks.MODELS)
     assert (tmp_path / "t2i_blocks.json").exists() and (tmp_path / "t2i_blocks.md").exists()
     # a fresh clone has no runs/: a model without outputs keeps its committed figures, and says where they are from
     import shutil
@@ -303,4 +311,4 @@ def test_t2i_block_roles_report_names_what_each_block_carries_and_fills_only_its
     assert again["v2"]["pooled_text_off"]["1"]["background"] == 0.25
     assert "v2: quality, probes and riebench from runs/" in t2i_blocks.markdown(again)
     # the quality table, then the same without the pooled text
-    assert "| v1 | 1 | 500 |" in readme and "| v1 | 1 | 200 | 1.000 | 1.000 | 0.250 |" in readme
+    assert "| v1 | 1 | 500 |" in text and "| v1 | 1 | 200 | 1.000 | 1.000 | 0.250 |" in text

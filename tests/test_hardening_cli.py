@@ -23,11 +23,11 @@ import saes.__main__
 from flowlens.__main__ import main as flowlens_main
 from interp.__main__ import main as interp_main
 from interp.models.t2i import MAX_SEED, ModelError, check_device
+from interp.shipped import MARKER, ShippedFilesError
 from interp.store import ActivationStore
 from interp.zoo import WEIGHTS_DIR, shapes
 from riebench.__main__ import main as riebench_main
 from riebench.tasks import ShapesSuiteConfig, TaskError
-from saes import features
 from saes.__main__ import main as saes_main
 from saes.features import AnalysisConfig, AnalysisPool, FeaturesError, analyse, pool_fingerprint
 from saes.library import PRETRAINED_DIR, FeatureLibrary, LibraryError, load_analysis_images
@@ -171,8 +171,18 @@ def test_collect_and_riebench_default_to_the_blocks_the_model_lists(tmp_path, ca
     code, _ = run_cli(interp_main, ["collect", "--model", model, "--world", "2", "--steps", "1", "--out",
                                     str(tmp_path / "store")], capsys)
     assert code == 0 and ActivationStore(tmp_path / "store").blocks == listed
-    code, _ = run_cli(riebench_main, ["run", "--model", model, "--method", "prompt-swap", "--category", "change colour",
-                                      "--limit-per-category", "1", "--steps", "1", "--out", str(tmp_path / "rie")],
+    rie = ["--method", "prompt-swap", "--category", "change colour", "--limit-per-category", "1", "--steps", "1"]
+    # A pipeline made outside the shapes world cannot be scored on its suite: refused in one line (issue 30).
+    code, err = run_cli(riebench_main, ["run", "--model", model, *rie, "--out", str(tmp_path / "refused")], capsys)
+    assert code == 2 and "has no ground truth" in err and not (tmp_path / "refused" / "run.json").exists()
+    # Saved by the toy's recipe (recipe.json), the same pipeline is the shapes world's: riebench runs on the blocks
+    # the model lists.
+    shapes_model = tmp_path / "recipe-made"
+    shutil.copytree(model, shapes_model)
+    (shapes_model / "recipe.json").write_text("{}")
+    assert interp_main(["blocks", "--model", str(shapes_model)]) == 0
+    listed = json.loads(capsys.readouterr().out)["default_blocks"]
+    code, _ = run_cli(riebench_main, ["run", "--model", str(shapes_model), *rie, "--out", str(tmp_path / "rie")],
                       capsys)
     assert code == 0
     assert json.loads((tmp_path / "rie" / "run.json").read_text())["run"]["configs"][0]["blocks"] == listed
@@ -345,12 +355,12 @@ def _analysed_root(tmp_path: Path) -> Path:
     return root
 
 
-def test_analyse_refuses_shipped_directories(tmp_path, monkeypatch):
+def test_analyse_refuses_shipped_directories(tmp_path):
     shipped = tmp_path / "shipped"
-    monkeypatch.setattr(features, "SHIPPED_DIRS", (shipped,))
     _identity_sae(4).save(shipped / MID)
+    (shipped / MARKER).write_text("shipped\n")  # a copy of a shipped root: the marker protects it
     before = _digests(shipped)
-    with pytest.raises(FeaturesError, match="would rewrite files shipped with the repository"):
+    with pytest.raises(ShippedFilesError, match="would rewrite files shipped with the repository"):
         analyse({MID: (_identity_sae(4), shipped / MID)}, _pool(8, seed=2, blocks=(MID,)), "toy", tmp_path / "out")
     assert _digests(shipped) == before
     analyse({MID: (_identity_sae(4), shipped / MID)}, _pool(8, seed=2, blocks=(MID,)), "toy", tmp_path / "out",

@@ -312,8 +312,8 @@ def test_a_capture_hook_called_from_another_context_records_nothing(chat_hf):
     names = ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid", "blocks.0.hook_resid_post"]
     with residual_capture(lm, names) as capture:
         block = lm.model.transformer.h[0]
-        hooks = list(block._forward_pre_hooks.values()) + list(block._forward_hooks.values()) + \
-            list(block.attn._forward_hooks.values())
+        hooks = [hook for module in block.modules()
+                 for hook in list(module._forward_pre_hooks.values()) + list(module._forward_hooks.values())]
         x = torch.zeros(1, 3, lm.d_model)
         results = []
 

@@ -49,7 +49,9 @@ def random_model():
     torch.manual_seed(0)
     pipe = build_pipeline(T2IConfig(), tokenizer_dir)
     pipe.set_progress_bar_config(disable=True)
-    return T2IModel(name="random", pipe=pipe, default_steps=1, default_guidance=0.0, blocks=block_info(pipe.unet))
+    # Built by the toy's recipe, untrained: a pipeline that recipe saves is the shapes world's (`_recipe_made`).
+    return T2IModel(name="random", pipe=pipe, default_steps=1, default_guidance=0.0, blocks=block_info(pipe.unet),
+                    world="shapes")
 
 
 @functools.cache
@@ -338,7 +340,7 @@ def test_prompt_swap_reference_on_the_toy_model_mostly_succeeds(toy_t2i, tmp_pat
                     or not (Path(__file__).resolve().parents[1] / "saes" / "pretrained" / "toy" / "report.json").exists(),
                     reason="needs the embedded toy model and its shipped SAEs")
 def test_sae_transport_changes_colour_through_the_block_that_draws_it_and_not_through_sdxls_four(toy_t2i, tmp_path):
-    """The README's per-block finding, on 8 colour tasks: transported features edit the colour from
+    """The per-block finding (docs/experiments/riebench.md), on 8 colour tasks: transported features edit the colour from
     up_blocks.1.attentions.2 (preserving the rest) and do nothing from SDXL's four blocks."""
     colour_block = "up_blocks.1.attentions.2"
     configs = [MethodConfig("sae", 8, 1.0, [colour_block]), MethodConfig("sae", 8, 1.0, list(SDXL_BLOCKS))]

@@ -92,7 +92,7 @@ def test_help_lists_the_commands():
 
 def test_probe_finds_where_the_toy_codes_shape_and_colour_before_any_sae(tmp_path, capsys):
     """`python -m saes probe`: the check of a (re)trained model before SAEs are trained on it. On the embedded toy
-    it finds shape in up_blocks.1.attentions.1 and colour in up_blocks.1.attentions.2 (README, REPORT.md)."""
+    it finds shape in up_blocks.1.attentions.1 and colour in up_blocks.1.attentions.2 (docs/saes.md, REPORT.md)."""
     from interp.models.t2i import TOY_BLOCKS
 
     assert main(["probe", "--model", "toy", "--images", "60", "--out", str(tmp_path)]) == 0

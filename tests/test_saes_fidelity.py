@@ -92,7 +92,7 @@ def test_eval_command_adds_splice_fidelity_when_a_model_is_given(tmp_path, capsy
 
 
 def test_block_ablations_find_the_block_the_toys_images_need_and_not_an_inert_one(toy_t2i):
-    """The embedded toy draws colour in up_blocks.1.attentions.2 (README): ablating it makes the probe misread
+    """The embedded toy draws colour in up_blocks.1.attentions.2 (docs/saes.md): ablating it makes the probe misread
     objects; its mid block does nothing the image depends on (issue 22's starting point)."""
     from saes.fidelity import ablation_table, block_ablations
 

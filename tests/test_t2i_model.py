@@ -64,7 +64,7 @@ def test_generates_in_one_step_and_in_several(toy_t2i):
 
 
 def test_held_out_captions_get_every_attribute_of_a_single_object(toy_t2i):
-    """A quick version of `python -m interp.zoo evaluate` (README has the 500-caption table: >= 0.97)."""
+    """A quick version of `python -m interp.zoo evaluate` (docs/embedded-models.md has the 500-caption table: >= 0.97)."""
     from interp.zoo.t2i_recipe import evaluate
 
     scores = evaluate(toy_t2i.pipe, {1: 40}, seed=7, progress=False)["1"]
@@ -158,7 +158,7 @@ def test_cli_exit_status_in_a_real_process(tmp_path):
 def test_zero_pooled_text_leaves_the_prompt_only_to_cross_attention():
     """`python -m interp.zoo evaluate --zero-pooled-text`: the pooled prompt embedding (the time-embedding path) is
     zero while the per-token embeddings the cross-attentions read are unchanged; in the toy that path draws the
-    background (README: background right on 0.22 of single objects without it, chance 0.17), and only the loaded copy changes."""
+    background (docs/experiments/t2i-blocks.md: background right on 0.22 of single objects without it, chance 0.17), and only the loaded copy changes."""
     from interp.zoo.t2i_recipe import evaluate
     import torch
 

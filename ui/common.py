@@ -169,14 +169,22 @@ def percent(fraction: float) -> str:
 
 
 def _checked_bounds(component, payload):
-    """Gradio's own range check of a Number or Slider, with the field's name and one log line."""
+    """Gradio's own range check of a Number or Slider, with the field's name and one log line. A value that is
+    not a number at all (an API client's "abc") is refused by name too: Gradio's own check of it raised a
+    TypeError, shown as a blank "Error". Returns the value as a number ("3" from a client: 3.0)."""
     if payload is None:
-        return
+        return None
     name = component.label or "the value"
+    if isinstance(payload, bool) or not isinstance(payload, (int, float)):
+        try:
+            payload = float(payload)
+        except (TypeError, ValueError):
+            raise quiet_error(f"{name}: {str(payload)[:40]!r} is not a number", name) from None
     if component.minimum is not None and payload < component.minimum:
         raise quiet_error(f"{name}: value {payload:g} is less than minimum value {component.minimum:g}", name)
     if component.maximum is not None and payload > component.maximum:
         raise quiet_error(f"{name}: value {payload:g} is greater than maximum value {component.maximum:g}", name)
+    return payload
 
 
 class Number(gr.Number):
@@ -186,8 +194,7 @@ class Number(gr.Number):
     is_template = True  # served as Gradio's own number component
 
     def preprocess(self, payload):
-        _checked_bounds(self, payload)
-        return super().preprocess(payload)
+        return super().preprocess(_checked_bounds(self, payload))
 
 
 class Slider(gr.Slider):
@@ -196,8 +203,23 @@ class Slider(gr.Slider):
     is_template = True
 
     def preprocess(self, payload):
-        _checked_bounds(self, payload)
-        return super().preprocess(payload)
+        return super().preprocess(_checked_bounds(self, payload))
+
+
+class ImageEditor(gr.ImageEditor):
+    """gr.ImageEditor whose upload that is not an image (a text file, any binary sent through the API) is a named
+    message: Gradio's own reading of it raised PIL's UnidentifiedImageError, shown as a blank "Error"."""
+
+    is_template = True
+
+    def preprocess(self, payload):
+        try:
+            return super().preprocess(payload)
+        except (OSError, ValueError, TypeError, AttributeError, KeyError) as err:  # PIL: UnidentifiedImageError
+            name = self.label or "the image"
+            LOG.info("unreadable upload in %s: %s", name, type(err).__name__)
+            raise quiet_error(f"{name}: the uploaded file is not an image this field can read (PNG, JPEG or WebP)",
+                              name) from None
 
 
 def session_key(request: gr.Request | None) -> str:

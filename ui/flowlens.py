@@ -148,7 +148,12 @@ class FlowLensTab:
         reference = None if reference in (None, "", "none") else reference
         k = whole_number(components, "components", 1, 64)
         prompts = self.prompts(source, upload, n_prompts)
+        from flowlens.analyze import checked_components
+
+        checked_components(k, len(prompts))  # before any residual is computed
         names = list(dict.fromkeys(models + ([reference] if reference else [])))
+        for name in names:  # an unknown or unfetched model is refused before any residual is computed
+            self.bench.known_lm(name)
         residuals, stripped = {}, {}
         # Cancel closes the stream; the session's flag says whether one was open
         running = self.bench.start_action(request, "flowlens")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
-from ui.common import (DEFAULT_PROMPT, MAX_PROMPT_CHARS, NO_SAES_NOTE, Number, Slider, feature_id, finite_number,
-                       generation_request, user_errors)
+from ui.common import (DEFAULT_PROMPT, MAX_PROMPT_CHARS, NO_SAES_NOTE, ImageEditor, Number, Slider, feature_id,
+                       finite_number, generation_request, user_errors)
 
 
 def build_paint_tab(bench) -> PaintTab:
@@ -52,7 +52,7 @@ def build_paint_tab(bench) -> PaintTab:
                     icon_button = gr.Button("Feature icon", elem_id="paint-icon")
                     stop = gr.Button("Cancel", elem_id="paint-cancel")
             with gr.Column():
-                region = gr.ImageEditor(label="Paint the region", type="numpy", elem_id="paint-canvas",
+                region = ImageEditor(label="Paint the region", type="numpy", elem_id="paint-canvas",
                                         brush=gr.Brush(default_size=24, colors=["#ff00ff"], color_mode="fixed"),
                                         height=300, sources=(), transforms=())
         with gr.Row():  # PNG: exact pixels, so original and edited compare exactly
@@ -92,8 +92,11 @@ def parse_steps(text: str, n_steps: int) -> list[int] | None:
     for part in text.split(","):
         part = part.strip()
         lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
+        # ASCII digits only: str.isdigit() also takes '٣' (an Arabic-Indic 3) and '²', which int() reads or rejects
+        if not (lo.isascii() and lo.isdigit()) or (hi and not (hi.isascii() and hi.isdigit())):
             raise ValueError(f"steps are numbers or ranges like '0,2-3' or 'all', not {part!r}")
+        if hi and int(hi) < int(lo):
+            raise ValueError(f"the step range {part!r} runs backwards: write it low to high ('{hi}-{lo}')")
         steps.update(range(int(lo), int(hi or lo) + 1))
     bad = [s for s in sorted(steps) if s >= n_steps]
     if bad:

@@ -1,7 +1,8 @@
-"""Capture and intervention on the transformer blocks of a diffusers U-Net.
+"""Capture and intervention on the blocks of a diffusers denoiser: a U-Net's transformer blocks or a DiT's blocks.
 
-A block's *update* is what it writes into the residual stream of the U-Net:
-`output - input` of a `Transformer2DModel`, shape (batch, channels, height, width).
+A block's *update* is what it writes into the residual stream of the denoiser: `output - input` of a U-Net's
+`Transformer2DModel`, or of a DiT block's image stream (SD3/FLUX joint blocks: the image stream; the token sequence
+laid back on its grid), shape (batch, channels, height, width) for every family (`interp.models.denoisers`).
 
 Both capture (`capture_updates`) and intervention (`apply_edits`) are context managers.
 They register forward hooks when the `with` block starts and remove them when it ends,
@@ -10,10 +11,12 @@ entered the `with` (a `ScopedHooks` of `interp.hooks.scoped`: the set of active
 sessions is a `ContextVar`), so two generations running at the same time in two threads
 on the same pipeline, each inside its own `with`, never see each other's captures or edits.
 
-Steps are counted per generation by the session that owns them: one U-Net call is one
-denoising step. Under classifier-free guidance, diffusers' SDXL pipelines run the
-unconditional and conditional batches as one batch `[uncond, cond]`; records keep the
-two halves apart.
+Steps are counted per generation by the session that owns them, as scheduler steps: inside `run_pipeline`,
+a scheduler that calls the denoiser several times a step (Heun, DPM-2: twice; PNDM's warm-up) has each call
+recorded as a sub-call of its step, and `updates()` averages a step's calls (`calls=True` keeps them apart).
+Outside `run_pipeline` the scheduler is unknown and each denoiser call counts as a step. Under classifier-free
+guidance, the pipelines run the unconditional and conditional batches as one batch `[uncond, cond]`; records keep
+the two halves apart (FLUX's distilled guidance has no unconditional half).
 
 Generation itself (the thread-safe `run_pipeline`, `generate`, `on_each_step`) belongs to
 `interp.models.t2i`; hooks learn from it whether the call in progress runs classifier-free
@@ -27,8 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from ..edits import Edit, EditError, PreparedEdits, prepare_edits, validate_edits
+from ..models.denoisers import UnsupportedPipeline, denoiser_of, family_of_module
 from ..models.t2i import (SDXL_BLOCKS, BlockInfo, Cancelled, GenerationCall, block_info, current_generation_call,
-                          generate, on_each_step, private_pipeline, run_pipeline)
+                          default_latent_side, generate, on_each_step, private_pipeline, run_pipeline)
 from ..names import block_name
 from .scoped import ScopedHooks
 
@@ -46,17 +50,32 @@ class HookError(ValueError):
 # ----------------------------------------------------------------------------- blocks
 
 def unet_of(model_or_unet):
-    """The U-Net of a T2IModel, a diffusers pipeline, or the U-Net itself."""
-    if hasattr(model_or_unet, "unet"):
-        return model_or_unet.unet
+    """The denoiser (U-Net or DiT transformer) of a T2IModel, a diffusers pipeline, or the denoiser itself."""
     if isinstance(model_or_unet, torch.nn.Module):
         return model_or_unet
-    raise HookError(f"expected a T2IModel, a diffusers pipeline or a UNet, not {type(model_or_unet).__name__}")
+    if hasattr(model_or_unet, "denoiser"):
+        return model_or_unet.denoiser
+    denoiser = denoiser_of(model_or_unet)
+    if denoiser is not None:
+        return denoiser
+    raise HookError(f"expected a T2IModel, a diffusers pipeline or a denoiser, not {type(model_or_unet).__name__}")
+
+
+def _family(denoiser):
+    try:
+        return family_of_module(denoiser)
+    except UnsupportedPipeline as err:
+        raise HookError(str(err)) from None
 
 
 def hookable_blocks(model_or_unet) -> dict[str, BlockInfo]:
-    """Every transformer block of the U-Net (name -> channels, height, width at the default size)."""
-    return block_info(unet_of(model_or_unet))
+    """Every block of the denoiser (name -> channels, height, width at the default size)."""
+    if hasattr(model_or_unet, "blocks") and hasattr(model_or_unet, "family"):  # a T2IModel: its default size
+        return dict(model_or_unet.blocks)
+    denoiser = unet_of(model_or_unet)
+    _family(denoiser)
+    pipe_side = None if isinstance(model_or_unet, torch.nn.Module) else default_latent_side(model_or_unet)
+    return block_info(denoiser, latent_side=pipe_side)
 
 
 def resolve_blocks(unet, names) -> dict[str, torch.nn.Module]:
@@ -64,12 +83,12 @@ def resolve_blocks(unet, names) -> dict[str, torch.nn.Module]:
     if isinstance(names, str):
         names = [names]
     valid = hookable_blocks(unet)
-    modules = dict(unet.named_modules())
+    modules = dict(unet_of(unet).named_modules())
     resolved = {}
     for name in names:
         key = block_name(name)
         if key not in valid:
-            raise HookError(f"unknown block {name!r}; the U-Net's transformer blocks are: {', '.join(valid)}")
+            raise HookError(f"unknown block {name!r}; the denoiser's blocks are: {', '.join(valid)}")
         resolved[key] = modules[key]
     if not resolved:
         raise HookError(f"no block given; choose from: {', '.join(valid)}")
@@ -77,24 +96,6 @@ def resolve_blocks(unet, names) -> dict[str, torch.nn.Module]:
 
 
 # ----------------------------------------------------------------------------- sessions
-
-def _first_tensor(output):
-    """The hidden states of a block's output: a tensor, a tuple (return_dict=False) or an output object."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, tuple):
-        return output[0]
-    return output.sample
-
-
-def _replace_first(output, hidden: torch.Tensor):
-    if isinstance(output, torch.Tensor):
-        return hidden
-    if isinstance(output, tuple):
-        return (hidden,) + tuple(output[1:])
-    output.sample = hidden
-    return output
-
 
 def _looks_like_cfg(sample: torch.Tensor, encoder_hidden_states) -> bool:
     """Outside `run_pipeline`: a batch [x, x] with different text conditioning is a CFG batch."""
@@ -111,10 +112,14 @@ class StepState:
     """Where the owning session is in the current generation (one session, one context)."""
 
     generation: int = -1  # generations seen by this session
-    step: int = -1        # denoising step inside the current generation (one U-Net call each)
+    step: int = -1        # scheduler step inside the current generation
+    call: int = -1        # denoiser call inside the current generation
+    sub_call: int = 0     # denoiser call inside the current step (Heun's second call: 1)
     cfg: bool = False
+    grid: tuple[int, int] | None = None  # a DiT call's block grid (height, width); None for a U-Net
     last_timestep: float | None = None
     last_call: GenerationCall | None = None
+    repeated: bool = False  # outside `run_pipeline`: the last call repeated its predecessor's timestep
 
     def advance(self, sample: torch.Tensor, timestep, encoder_hidden_states) -> None:
         call = current_generation_call()
@@ -123,23 +128,31 @@ class StepState:
             new_generation = call is not self.last_call
             self.cfg = call.cfg
         else:
-            # Schedulers used with SDXL walk timesteps strictly downwards within one call.
-            new_generation = self.last_timestep is None or t >= self.last_timestep
+            # Schedulers walk timesteps downwards within one call. Heun and DPM-2 repeat each but the first once
+            # (t0, t1, t1, t2, t2, ...); a timestep equal to the last is a new generation unless it is such a
+            # repeat (so one-step generations, 999 each, stay apart).
+            repeat = (self.last_timestep is not None and t == self.last_timestep and self.call > 0
+                      and not self.repeated)
+            new_generation = self.last_timestep is None or t > self.last_timestep or (
+                t == self.last_timestep and not repeat)
+            self.repeated = repeat
             self.cfg = _looks_like_cfg(sample, encoder_hidden_states)
         self.last_call, self.last_timestep = call, t
+        self.call = 0 if new_generation else self.call + 1
         if new_generation:
             self.generation += 1
-            self.step = 0
-        else:
-            self.step += 1
+        step = call.step_of_call(self.call) if call is not None else self.call
+        self.sub_call = 0 if new_generation or step != self.step else self.sub_call + 1
+        self.step = step
 
 
 class UNetSession(ScopedHooks):
-    """Hooks on a U-Net's blocks that act only in the context that entered the session."""
+    """Hooks on a denoiser's blocks (U-Net or DiT) that act only in the context that entered the session."""
 
     def __init__(self, model_or_unet, blocks):
         self.unet = unet_of(model_or_unet)
-        self.modules = resolve_blocks(self.unet, blocks)
+        self.family = _family(self.unet)
+        self.modules = resolve_blocks(model_or_unet, blocks)
         self.blocks = list(self.modules)
         self.state = StepState()
         self._handles: list = []
@@ -150,10 +163,10 @@ class UNetSession(ScopedHooks):
     def _on_unet_call(self, module, args, kwargs=None):
         if not self._active():
             return None
-        sample = args[0] if args else kwargs["sample"]
-        timestep = args[1] if len(args) > 1 else kwargs["timestep"]
-        encoder = args[2] if len(args) > 2 else kwargs.get("encoder_hidden_states")
-        self.state.advance(sample, timestep, encoder)
+        arguments = self.family.call_arguments(module, args, kwargs or {})
+        sample = arguments.get("sample", arguments.get("hidden_states"))
+        self.state.advance(sample, arguments["timestep"], arguments.get("encoder_hidden_states"))
+        self.state.grid = self.family.token_grid(module, arguments)
         return None
 
     def _make_block_hook(self, name: str):
@@ -161,12 +174,18 @@ class UNetSession(ScopedHooks):
             if not self._active():
                 return None
             kwargs, output = kwargs_and_output if len(kwargs_and_output) == 2 else ({}, kwargs_and_output[0])
-            block_input = args[0] if args else kwargs["hidden_states"]
-            return self.on_block(name, block_input, output)
+            grid = self.state.grid
+            block_input = self.family.to_grid(self.family.block_input(args, kwargs), grid)
+            hidden = self.family.to_grid(self.family.block_output(output), grid)
+            replaced = self.on_block(name, block_input, hidden)
+            if replaced is None:
+                return None
+            return self.family.replace_output(output, self.family.from_grid(replaced, grid))
         return hook
 
-    def on_block(self, name: str, block_input: torch.Tensor, output):
-        """Called with the block's input and output in the owning context; may return a new output."""
+    def on_block(self, name: str, block_input: torch.Tensor, output: torch.Tensor) -> torch.Tensor | None:
+        """Called in the owning context with the block's input and output image streams, (batch, C, H, W) for
+        every family; may return a new output (batch, C, H, W)."""
         raise NotImplementedError
 
     def _register(self) -> None:
@@ -181,6 +200,10 @@ def mlp_neuron_modules(model_or_unet, block: str) -> list[str]:
     """Module paths of the MLP input projections (``ff.net.0``: the neurons) of a block's transformer layers,
     in layer order: the U-Net's neuron sites."""
     unet = unet_of(model_or_unet)
+    family = _family(unet)
+    if family.tokens:
+        raise HookError(f"MLP neuron sites are a U-Net's (the layers of its transformer blocks); {family.name} "
+                        f"blocks have none here: edit their updates or SAE features instead")
     key = block_name(block)
     names = [n for n, _ in unet.named_modules() if n.startswith(key + ".transformer_blocks.") and n.endswith(".ff.net.0")]
     if not names:
@@ -208,13 +231,33 @@ def neuron_directions(model_or_unet, block: str) -> torch.Tensor:
 
 class NeuronCapture(ScopedHooks):
     """The neuron activations (outputs of every ``ff.net.0``) of blocks, per U-Net call, in the owning context
-    only: ``records[block]`` is a list over calls of a list over layers of (batch, tokens, neurons), float32 CPU."""
+    only: ``records[block]`` is a list over calls of a list over layers of (batch, tokens, neurons), float32 CPU;
+    ``steps[block]`` the scheduler step of each call (Heun's two calls a step share one)."""
 
     def __init__(self, model_or_unet, blocks):
         self.unet = unet_of(model_or_unet)
+        self.family = _family(self.unet)
         self.sites = {key: mlp_neuron_modules(self.unet, key) for key in resolve_blocks(self.unet, blocks)}
         self.records: dict[str, list[list[torch.Tensor]]] = {block: [] for block in self.sites}
+        self.steps: dict[str, list[int]] = {block: [] for block in self.sites}
+        self.state = StepState()
         self._handles: list = []
+
+    def _on_unet_call(self, module, args, kwargs=None):
+        if not self._active():
+            return None
+        arguments = self.family.call_arguments(module, args, kwargs or {})
+        self.state.advance(arguments["sample"], arguments["timestep"], arguments.get("encoder_hidden_states"))
+        return None
+
+    def per_step(self, block: str) -> list[list[torch.Tensor]]:
+        """``records[block]`` with the calls of each scheduler step averaged: a list over steps of a list over
+        layers of (batch, tokens, neurons)."""
+        grouped: dict[int, list[list[torch.Tensor]]] = {}
+        for step, call in zip(self.steps[block], self.records[block]):
+            grouped.setdefault(step, []).append(call)
+        return [[torch.stack(layer).mean(0) for layer in zip(*calls)] if len(calls) > 1 else calls[0]
+                for _, calls in sorted(grouped.items())]
 
     def _make_hook(self, block: str, layer: int):
         def hook(module, args, output):
@@ -222,11 +265,13 @@ class NeuronCapture(ScopedHooks):
                 return None
             if layer == 0:
                 self.records[block].append([])
+                self.steps[block].append(self.state.step)
             self.records[block][-1].append(output.detach().float().cpu())
             return None
         return hook
 
     def _register(self) -> None:
+        self._handles.append(self.unet.register_forward_pre_hook(self._on_unet_call, with_kwargs=True))
         modules = dict(self.unet.named_modules())
         for block, names in self.sites.items():
             for layer, name in enumerate(names):
@@ -256,13 +301,15 @@ def _halves(tensor: torch.Tensor, cfg: bool, half: str) -> torch.Tensor:
 
 @dataclass
 class StepRecord:
-    """One block at one denoising step; tensors are the whole U-Net batch ([uncond, cond] under CFG)."""
+    """One block at one denoiser call; tensors are the whole denoiser batch ([uncond, cond] under CFG)."""
 
     generation: int
-    step: int
+    step: int                            # the scheduler step the call belongs to
     cfg: bool
     update: torch.Tensor                 # (batch, channels, height, width)
     output: torch.Tensor | None = None   # (batch, channels, height, width) when keep_output
+    call: int = 0                        # denoiser call within the generation
+    sub_call: int = 0                    # denoiser call within the step (0 unless the scheduler calls it twice)
 
 
 class BlockCapture(UNetSession):
@@ -287,12 +334,11 @@ class BlockCapture(UNetSession):
         return tensor
 
     def on_block(self, name, block_input, output):
-        hidden = _first_tensor(output)
-        update = self._keep(hidden - block_input)
-        # The output tensor flows on through the U-Net; keep a copy of our own.
-        kept_output = self._keep(hidden).clone() if self.keep_output else None
+        update = self._keep(output - block_input)
+        # The output tensor flows on through the denoiser; keep a copy of our own.
+        kept_output = self._keep(output).clone() if self.keep_output else None
         self.records[name].append(StepRecord(self.state.generation, self.state.step, self.state.cfg,
-                                             update, kept_output))
+                                             update, kept_output, self.state.call, self.state.sub_call))
         return None
 
     @property
@@ -310,22 +356,40 @@ class BlockCapture(UNetSession):
             raise HookError(f"generation {generation} out of range: {self.n_generations} captured")
         return [r for r in self.records[key] if r.generation == index]
 
-    def updates(self, block: str, half: str = "cond", generation: int = -1) -> torch.Tensor:
-        """(steps, batch, channels, height, width): the block's update at each step of one generation.
+    def calls_per_step(self, block: str, generation: int = -1) -> list[int]:
+        """How many denoiser calls each scheduler step of one generation made (Heun, 4 steps: [2, 2, 2, 1])."""
+        counts: dict[int, int] = {}
+        for record in self._select(block, generation):
+            counts[record.step] = counts.get(record.step, 0) + 1
+        return [counts[step] for step in sorted(counts)]
+
+    def _per_step(self, block: str, half: str, generation: int, calls: bool, value) -> torch.Tensor:
+        if half not in HALVES:
+            raise HookError(f"half must be one of {', '.join(HALVES)}, not {half!r}")
+        records = self._select(block, generation)
+        if calls:
+            return torch.stack([_halves(value(r), r.cfg, half) for r in records])
+        by_step: dict[int, list[torch.Tensor]] = {}
+        for r in records:
+            by_step.setdefault(r.step, []).append(_halves(value(r), r.cfg, half))
+        return torch.stack([group[0] if len(group) == 1 else torch.stack(group).mean(0)
+                            for _, group in sorted(by_step.items())])
+
+    def updates(self, block: str, half: str = "cond", generation: int = -1, calls: bool = False) -> torch.Tensor:
+        """(steps, batch, channels, height, width): the block's update at each scheduler step of one generation;
+        a step of several denoiser calls (Heun, DPM-2, PNDM's warm-up) gives the mean of their updates.
+        ``calls=True``: (calls, batch, C, H, W), every denoiser call apart (`records[block][i].step` says whose).
 
         half: "cond" (the conditional half; the whole batch without CFG), "uncond", or "all".
         """
-        if half not in HALVES:
-            raise HookError(f"half must be one of {', '.join(HALVES)}, not {half!r}")
-        return torch.stack([_halves(r.update, r.cfg, half) for r in self._select(block, generation)])
+        return self._per_step(block, half, generation, calls, lambda r: r.update)
 
-    def outputs(self, block: str, half: str = "cond", generation: int = -1) -> torch.Tensor:
-        """(steps, batch, channels, height, width): the block's output (needs keep_output=True)."""
+    def outputs(self, block: str, half: str = "cond", generation: int = -1, calls: bool = False) -> torch.Tensor:
+        """(steps, batch, channels, height, width): the block's output (needs keep_output=True), per step as
+        `updates`."""
         if not self.keep_output:
             raise HookError("outputs were not kept: use capture_updates(..., keep_output=True)")
-        if half not in HALVES:
-            raise HookError(f"half must be one of {', '.join(HALVES)}, not {half!r}")
-        return torch.stack([_halves(r.output, r.cfg, half) for r in self._select(block, generation)])
+        return self._per_step(block, half, generation, calls, lambda r: r.output)
 
     def clear(self) -> None:
         for records in self.records.values():
@@ -351,22 +415,20 @@ class EditSession(UNetSession):
     """Applies edits to block updates: output = input + edited(update). Use through `apply_edits`."""
 
     def __init__(self, model_or_unet, edits: list[Edit], saes: dict | None = None, n_steps: int | None = None):
-        unet = unet_of(model_or_unet)
         edits = [e if isinstance(e, Edit) else Edit.from_dict(e) for e in edits]
         saes = {block_name(k): v for k, v in (saes or {}).items()}
-        validate_edits(edits, hookable_blocks(unet), saes=saes, n_steps=n_steps)
+        validate_edits(edits, hookable_blocks(model_or_unet), saes=saes, n_steps=n_steps)
         if not edits:
             raise EditError("no edit given")
-        super().__init__(unet, sorted({block_name(e.block) for e in edits}))
+        super().__init__(model_or_unet, sorted({block_name(e.block) for e in edits}))
         self.prepared: PreparedEdits = prepare_edits(edits, saes)
 
     def on_block(self, name, block_input, output):
-        hidden = _first_tensor(output)
-        update = hidden - block_input
+        update = output - block_input
         edited = self.prepared.apply(name, update, step=self.state.step, cfg=self.state.cfg)
         if edited is update:
             return None  # no edit at this step: leave the block's output untouched
-        return _replace_first(output, block_input + edited)
+        return block_input + edited
 
 
 def apply_edits(model_or_unet, edits, saes: dict | None = None, n_steps: int | None = None) -> EditSession:

@@ -4,8 +4,8 @@ The names are a public contract: ``blocks.{l}.hook_resid_pre`` (the stream enter
 ``blocks.{l}.hook_resid_mid`` (after the block's attention has been added) and
 ``blocks.{l}.hook_resid_post`` (leaving the block, before any final LayerNorm). A TransformerLens
 ``HookedTransformer`` is hooked at those hook points; a Hugging Face causal LM at the same places
-through its decoder layers (pre-hook: resid_pre, hook: resid_post) and their attention module
-(resid_mid = resid_pre + attention output), so both give the same numbers for the same model.
+through its decoder layers (pre-hook: resid_pre, hook: resid_post) and the input of the MLP side
+(resid_mid), so both give the same numbers for the same model.
 
     with residual_capture(lm, ["blocks.2.hook_resid_post"]) as capture:
         lm.model(input_ids)
@@ -17,9 +17,10 @@ two captures on one shared model in two threads each get their own thread's pass
 registered once the ``with`` block ends, also when it raises. ``keep_graph=True`` keeps the model's
 own tensors (no detach, no copy) for a loss on them, as VCL fine-tuning does (`flowlens.finetune`).
 
-The LM site table: the names above, on ``decoder_layers(model)`` (the layer lists of
-``_LAYER_LISTS``) and ``attention_module(layer)`` (``_ATTENTION_NAMES``) of a Hugging Face model,
-or the hook points of a TransformerLens model. `language_model` gives the view the hooks need of a
+Where the names live in a Hugging Face model is the site table's to say (`interp.hooks.lm_sites`: one
+entry per model family, resolved once per model; resid_mid is read as the input of the MLP side's first
+module, so Gemma 2/3, OLMo-2 and Granite give their true stream); a TransformerLens model is hooked at
+its hook points. `language_model` gives the view the hooks need of a
 loaded `interp.models.lm.LanguageModel` or of a bare (also peft-wrapped) Hugging Face model.
 """
 
@@ -31,17 +32,11 @@ from typing import Iterable, Sequence
 import torch
 
 from ..lm_text import strip_trailing_punctuation
+from .lm_sites import LMHookError, lm_sites, register_stream_hooks
 from .scoped import ScopedHooks
 
 RESIDUAL_HOOKS = ("resid_pre", "resid_mid", "resid_post")
 _NAME = re.compile(r"^blocks\.(\d+)\.hook_(resid_pre|resid_mid|resid_post)$")
-_LAYER_LISTS = ("transformer.h", "model.layers", "model.decoder.layers", "gpt_neox.layers", "transformer.blocks",
-                "transformer.layers", "model.language_model.layers")
-_ATTENTION_NAMES = ("attn", "self_attn", "attention", "self_attention")
-
-
-class LMHookError(ValueError):
-    """A hook name a model does not have, or input the capture cannot take; the message lists what is valid."""
 
 
 def residual_hook_names(n_layers: int, hooks: Iterable[str] = RESIDUAL_HOOKS) -> list[str]:
@@ -64,39 +59,33 @@ def parse_hook_name(name: str, n_layers: int) -> tuple[int, str]:
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
-    """The list of decoder blocks of a Hugging Face causal LM."""
-    n_layers = getattr(model.config, "num_hidden_layers", None)
-    for path in _LAYER_LISTS:
-        module = model
-        for part in path.split("."):
-            module = getattr(module, part, None)
-            if module is None:
-                break
-        if isinstance(module, torch.nn.ModuleList) and (n_layers is None or len(module) == n_layers):
-            return module
-    candidates = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers]
-    if len(candidates) == 1:
-        return candidates[0]
-    raise LMHookError(f"cannot find the decoder layers of {type(model).__name__} (looked at {', '.join(_LAYER_LISTS)})")
+    """The list of decoder blocks of a Hugging Face causal LM (also peft-wrapped), from the site table."""
+    return lm_sites(model).layers
 
 
-def attention_module(layer) -> torch.nn.Module:
-    for name in _ATTENTION_NAMES:
-        module = getattr(layer, name, None)
-        if isinstance(module, torch.nn.Module):
-            return module
-    raise LMHookError(f"cannot find the attention module of {type(layer).__name__} "
-                      f"(looked for {', '.join(_ATTENTION_NAMES)}): resid_mid is not available")
+def model_sites(lm) -> tuple[str, ...]:
+    """The residual sites (resid_pre, resid_mid, resid_post) a loaded model has: a TransformerLens model's hook
+    points, or the site table's for a Hugging Face model (an unknown family is an `LMHookError`)."""
+    lm = language_model(lm)
+    if lm.backend == "transformer_lens":
+        return tuple(h for h in RESIDUAL_HOOKS if f"blocks.0.hook_{h}" in lm.model.hook_dict)
+    return lm_sites(lm.model).sites()
 
 
-def _first_tensor(value) -> torch.Tensor:
-    return value[0] if isinstance(value, (tuple, list)) else value
-
-
-def _is_parallel(config) -> bool:
-    """Models whose attention and MLP read the same input have no resid_mid (TransformerLens has none either)."""
-    return bool(getattr(config, "use_parallel_residual", False) or getattr(config, "parallel_attn", False)
-                or getattr(config, "model_type", "") in ("gptj", "phi", "falcon"))
+def check_hooks(lm, names: Iterable[str]) -> None:
+    """Refuse, before any forward pass, a hook name the model lacks: a malformed name or layer, a site its family
+    has not (resid_mid of a parallel-residual model), or a family the site table does not know."""
+    lm = language_model(lm)
+    names = list(names)
+    parsed = [parse_hook_name(name, lm.n_layers) for name in names]
+    if lm.backend == "transformer_lens":
+        for name in names:
+            if name not in lm.model.hook_dict:
+                raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(lm.n_layers)}")
+        return
+    sites = lm_sites(lm.model)
+    for _, hook in parsed:
+        sites.check(hook)
 
 
 def language_model(model):
@@ -133,13 +122,10 @@ class ResidualCapture(ScopedHooks):
         self.lm = lm = language_model(lm)
         self.names = list(dict.fromkeys(names))
         self.parsed = {name: parse_hook_name(name, lm.n_layers) for name in self.names}
-        if lm.backend == "hf" and _is_parallel(lm.model.config) and any(h == "resid_mid" for _, h in self.parsed.values()):
-            raise LMHookError(f"{type(lm.model).__name__} computes attention and MLP in parallel: it has no "
-                              f"resid_mid; ask for resid_pre or resid_post")
+        check_hooks(lm, self.names)  # an unknown family or site is refused here, before any forward pass
         self.last_index = last_index
         self.keep_graph = keep_graph
         self.activations: dict[str, torch.Tensor] = {}
-        self._stream_in: dict[int, torch.Tensor] = {}
         self._handles: list = []
 
     def _keep(self, name: str, tensor: torch.Tensor) -> None:
@@ -153,10 +139,6 @@ class ResidualCapture(ScopedHooks):
         """Remove the hooks now (leaving the ``with`` does it too)."""
         self._remove()
 
-    def _remove(self) -> None:
-        super()._remove()
-        self._stream_in.clear()
-
     def _register(self) -> None:
         if self.lm.backend == "transformer_lens":
             self._register_transformer_lens()
@@ -168,45 +150,48 @@ class ResidualCapture(ScopedHooks):
         for name in self.names:
             if name not in hook_dict:
                 raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(self.lm.n_layers)}")
-
+        shape = tl_stream_shape(self, self.lm.model, {layer for layer, _ in self.parsed.values()})
+        for name in self.names:
             def on_point(module, inputs, output, name=name):
                 if self._active():
-                    self._keep(name, output)
+                    self._keep(name, shape.unflatten(output))
 
             self._handles.append(hook_dict[name].register_forward_hook(on_point))
 
     def _register_hf(self) -> None:
-        layers = decoder_layers(self.lm.model)
-        by_layer: dict[int, set[str]] = {}
-        for layer, hook in self.parsed.values():
-            by_layer.setdefault(layer, set()).add(hook)
-        for layer, hooks in by_layer.items():
-            block = layers[layer]
-            pre_name, mid_name, post_name = (f"blocks.{layer}.hook_{h}" for h in RESIDUAL_HOOKS)
-            if hooks & {"resid_pre", "resid_mid"}:
-                # kwargs optional: torch can call a kwargs hook without them while registering it (see scoped.py)
-                def on_block_input(module, args, kwargs=None, hooks=hooks, layer=layer, pre_name=pre_name):
-                    if not self._active():
-                        return None
-                    hidden = args[0] if args else kwargs["hidden_states"]
-                    self._stream_in[layer] = hidden
-                    if "resid_pre" in hooks:
-                        self._keep(pre_name, hidden)
-                    return None
+        sites = lm_sites(self.lm.model)
+        for name, (layer, hook) in self.parsed.items():
+            def keep(stream, name=name):
+                self._keep(name, stream)
 
-                self._handles.append(block.register_forward_pre_hook(on_block_input, with_kwargs=True))
-            if "resid_mid" in hooks:
-                def on_attention_output(module, inputs, output, layer=layer, mid_name=mid_name):
-                    if self._active():
-                        self._keep(mid_name, self._stream_in[layer] + _first_tensor(output))
+            register_stream_hooks(self, sites, layer, hook, keep, writes=False)
 
-                self._handles.append(attention_module(block).register_forward_hook(on_attention_output))
-            if "resid_post" in hooks:
-                def on_block_output(module, inputs, output, post_name=post_name):
-                    if self._active():
-                        self._keep(post_name, _first_tensor(output))
 
-                self._handles.append(block.register_forward_hook(on_block_output))
+class _StreamShape:
+    """(batch, positions) of the current pass, for TransformerLens hook points that see the stream flattened to
+    (batch * positions, d_model) (a TransformerBridge wrapping OPT: its MLP side flattens)."""
+
+    shape: tuple[int, int] | None = None
+
+    def unflatten(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dim() == 2 and self.shape is not None:
+            return tensor.view(*self.shape, tensor.shape[-1])
+        return tensor
+
+
+def tl_stream_shape(session, model, layers) -> _StreamShape:
+    """Hooks of ``session`` on each layer's ``hook_resid_pre`` (always (batch, positions, d_model)) that keep the
+    pass's (batch, positions) in the returned `_StreamShape`."""
+    shape = _StreamShape()
+    for layer in layers:
+        def remember(module, inputs, output):
+            if session._active():
+                shape.shape = tuple(output.shape[:2])
+
+        point = model.hook_dict.get(f"blocks.{layer}.hook_resid_pre")
+        if point is not None:
+            session._handles.append(point.register_forward_hook(remember))
+    return shape
 
 
 def residual_capture(lm, names: Sequence[str], last_index: torch.Tensor | None = None,
@@ -252,11 +237,12 @@ def capture_residuals(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     """
     if positions not in ("all", "last"):
         raise LMHookError(f"positions must be 'all' or 'last', got {positions!r}")
+    lm = language_model(lm)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if input_ids.shape[1] > lm.n_ctx:
         raise LMHookError(f"the batch has {input_ids.shape[1]} positions; the model's context is {lm.n_ctx}")
-    names = list(names) if names is not None else residual_hook_names(lm.n_layers)
+    names = list(names) if names is not None else residual_hook_names(lm.n_layers, model_sites(lm))
     last_index = None
     if positions == "last":
         width = attention_mask.shape[1]
@@ -331,6 +317,6 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
     return torch.cat(out)
 
 
-__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "attention_module", "capture_residuals",
-           "decoder_layers", "format_prompts", "language_model", "last_token_residuals", "parse_hook_name",
+__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "capture_residuals", "check_hooks",
+           "decoder_layers", "format_prompts", "language_model", "last_token_residuals", "model_sites", "parse_hook_name",
            "residual_capture", "residual_hook_names", "strip_trailing_punctuation"]

@@ -6,7 +6,8 @@
 ``fn`` maps (batch, positions, d_model) to the same shape; positions before ``start`` (default 1: the
 start token, an attention sink no SAE is trained on) keep their clean value. The stream downstream of
 the hook sees the replacement: resid_pre replaces the block's input, resid_post its output, and
-resid_mid the attention output so that input + attention output is the replacement. Both backends
+resid_mid the stream the MLP side reads and adds to (where that is, per model family, is
+`interp.hooks.lm_sites`' to say). Both backends
 (``hf``: the decoder layers and their attention module; ``transformer_lens``: the hook point) give
 the same result. The replacement acts only in the context (thread, asyncio task) that entered the
 ``with`` (a `ScopedHooks`): another thread's forward pass on the same shared model stays clean.
@@ -19,7 +20,8 @@ from typing import Callable
 
 import torch
 
-from .lm import LMHookError, _is_parallel, attention_module, decoder_layers, language_model, parse_hook_name
+from .lm import LMHookError, language_model, parse_hook_name, tl_stream_shape
+from .lm_sites import lm_sites, register_stream_hooks
 from .scoped import ScopedHooks
 
 
@@ -35,18 +37,6 @@ def _replace(x: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor], start:
     return new.to(x.dtype)
 
 
-def _with_first(output, tensor):
-    if isinstance(output, tuple):
-        return (tensor,) + output[1:]
-    if isinstance(output, list):
-        return [tensor] + output[1:]
-    return tensor
-
-
-def _first(output) -> torch.Tensor:
-    return output[0] if isinstance(output, (tuple, list)) else output
-
-
 class ResidualReplacement(ScopedHooks):
     """Hooks that replace the residual at one hook name by ``fn`` of it, in the forward passes of the context
     (thread, asyncio task) that entered it only (a `ScopedHooks`). Use through `residual_replacement`."""
@@ -58,10 +48,8 @@ class ResidualReplacement(ScopedHooks):
         if lm.backend == "transformer_lens":
             if name not in lm.model.hook_dict:
                 raise LMHookError(f"the model has no hook {name!r}")
-        elif self.hook == "resid_mid" and _is_parallel(lm.model.config):
-            raise LMHookError(f"{type(lm.model).__name__} computes attention and MLP in parallel: it has no "
-                              f"resid_mid; use resid_pre or resid_post")
-        self._stream_in: dict[str, torch.Tensor] = {}
+        else:
+            lm_sites(lm.model).check(self.hook)
         self._handles: list = []
 
     def _replaced(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,49 +57,16 @@ class ResidualReplacement(ScopedHooks):
 
     def _register(self) -> None:
         if self.lm.backend == "transformer_lens":
+            shape = tl_stream_shape(self, self.lm.model, [self.layer])
+
             def on_point(module, inputs, output):
-                return self._replaced(output) if self._active() else None
+                if not self._active():
+                    return None
+                return self._replaced(shape.unflatten(output)).reshape(output.shape)
 
             self._handles.append(self.lm.model.hook_dict[self.name].register_forward_hook(on_point))
             return
-        block = decoder_layers(self.lm.model)[self.layer]
-        # kwargs optional: torch can call a kwargs hook without them while registering it (see scoped.py)
-        if self.hook == "resid_pre":
-            def on_input(module, args, kwargs=None):
-                if not self._active():
-                    return None
-                if args:
-                    return (self._replaced(args[0]),) + tuple(args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": self._replaced(kwargs["hidden_states"])}
-
-            self._handles.append(block.register_forward_pre_hook(on_input, with_kwargs=True))
-        elif self.hook == "resid_post":
-            def on_output(module, inputs, output):
-                if not self._active():
-                    return None
-                return _with_first(output, self._replaced(_first(output)))
-
-            self._handles.append(block.register_forward_hook(on_output))
-        else:
-            def remember_input(module, args, kwargs=None):
-                if self._active():
-                    self._stream_in["x"] = args[0] if args else kwargs["hidden_states"]
-                return None
-
-            def on_attention(module, inputs, output):
-                if not self._active():
-                    return None
-                attended = _first(output)
-                mid = self._stream_in["x"] + attended
-                # attention output + (replacement - mid): positions left alone keep their exact value
-                return _with_first(output, attended + (self._replaced(mid) - mid))
-
-            self._handles.append(block.register_forward_pre_hook(remember_input, with_kwargs=True))
-            self._handles.append(attention_module(block).register_forward_hook(on_attention))
-
-    def _remove(self) -> None:
-        super()._remove()
-        self._stream_in.clear()
+        register_stream_hooks(self, lm_sites(self.lm.model), self.layer, self.hook, self._replaced, writes=True)
 
 
 def residual_replacement(lm, name: str, fn: Callable[[torch.Tensor], torch.Tensor],

@@ -33,8 +33,8 @@ shared model, each inside its own ``with``, never see each other's edits. Nothin
 once the ``with`` ends. Hugging Face models only (``backend="hf"``): greedy generation runs there.
 
 `logit_effects` gives what a direction written into the residual stream does to the next-token
-logits through the unembedding (with the final norm's scale), for feature cards' promoted and
-suppressed tokens.
+logits through the model's own final norm and output head (linearised), for feature cards' promoted
+and suppressed tokens.
 """
 
 from __future__ import annotations
@@ -49,14 +49,13 @@ import numpy as np
 import torch
 
 from ..edits import Edit, EditError, edit_update
-from .lm import LMHookError, attention_module, decoder_layers, format_prompts, language_model, parse_hook_name
+from .lm import LMHookError, format_prompts, language_model, parse_hook_name
+from .lm_sites import linear_logit_effects, lm_sites, register_stream_hooks
 from .scoped import ScopedHooks
 
 LM_EDIT_MODES = ("add", "scale", "set", "ablate")
 POSITIONS = ("prompt", "generated", "all")
 RESIDUAL_HOOK = re.compile(r"^blocks\.\d+\.hook_resid_(pre|mid|post)$")  # any model's; parse_hook_name checks one's
-_FINAL_NORMS = ("transformer.ln_f", "model.norm", "gpt_neox.final_layer_norm", "model.decoder.final_layer_norm",
-                "transformer.norm_f", "model.final_layernorm", "model.language_model.norm")
 
 
 @dataclass
@@ -280,7 +279,6 @@ class LMSteerSession(ScopedHooks):
         self.calls = 0               # forward passes of the model seen in the owning context
         self._cached = 0             # positions in the cache before the current pass
         self._prompt_end: int | None = None  # absolute position where the prompt of this generation ends
-        self._stream_in: dict[int, torch.Tensor] = {}
         self._handles: list = []
 
     # Hooks are registered with kwargs, but torch adds a hook to the module before marking it as taking kwargs:
@@ -328,57 +326,14 @@ class LMSteerSession(ScopedHooks):
     def _register(self) -> None:
         model = self.lm.model
         self._handles.append(model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
-        layers = decoder_layers(model)
+        sites = lm_sites(model)
         for hook in self.by_hook:
             layer, kind = parse_hook_name(hook, self.lm.n_layers)
-            block = layers[layer]
-            if kind == "resid_pre":
-                def on_input(module, args, kwargs=None, hook=hook):
-                    if not self._active():
-                        return None
-                    kwargs = kwargs or {}
-                    if args:
-                        edited = self.edit_stream(hook, args[0])
-                        return None if edited is args[0] else ((edited,) + tuple(args[1:]), kwargs)
-                    edited = self.edit_stream(hook, kwargs["hidden_states"])
-                    return None if edited is kwargs["hidden_states"] else (args, {**kwargs, "hidden_states": edited})
 
-                self._handles.append(block.register_forward_pre_hook(on_input, with_kwargs=True))
-            elif kind == "resid_post":
-                def on_output(module, args, *kwargs_and_output, hook=hook):
-                    if not self._active():
-                        return None
-                    output = kwargs_and_output[-1]
-                    hidden = _first(output)
-                    edited = self.edit_stream(hook, hidden)
-                    return None if edited is hidden else _replace_first(output, edited)
+            def on_stream(hidden, hook=hook):
+                return self.edit_stream(hook, hidden)
 
-                self._handles.append(block.register_forward_hook(on_output, with_kwargs=True))
-            else:  # resid_mid = stream in + attention output; the edit's change goes into the attention output
-                attention = attention_module(block)
-
-                def keep_input(module, args, kwargs=None, layer=layer):
-                    if self._active():
-                        self._stream_in[layer] = args[0] if args else (kwargs or {})["hidden_states"]
-                    return None
-
-                def on_attention(module, args, *kwargs_and_output, hook=hook, layer=layer):
-                    if not self._active():
-                        return None
-                    output = kwargs_and_output[-1]
-                    attended = _first(output)
-                    mid = self._stream_in[layer] + attended
-                    edited = self.edit_stream(hook, mid)
-                    if edited is mid:
-                        return None
-                    return _replace_first(output, attended + (edited - mid))
-
-                self._handles.append(block.register_forward_pre_hook(keep_input, with_kwargs=True))
-                self._handles.append(attention.register_forward_hook(on_attention, with_kwargs=True))
-
-    def _remove(self) -> None:
-        super()._remove()
-        self._stream_in.clear()
+            register_stream_hooks(self, sites, layer, kind, on_stream, writes=True)
 
 
 def apply_lm_edits(lm, edits: Sequence[LMEdit | dict], saes: dict | None = None,
@@ -421,53 +376,50 @@ def generate(lm, prompts: str | Sequence[str], edits: Sequence[LMEdit | dict] = 
 
 # ----------------------------------------------------------------------------- the unembedding
 
-def _module_at(model, path: str):
-    module = model
-    for part in path.split("."):
-        module = getattr(module, part, None)
-        if module is None:
-            return None
-    return module
-
-
-def unembedding(lm) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
-    """(W_U (vocab, d_model), the final norm's scale (d_model,) or None, whether the norm centres):
-    how the residual stream leaving the last block is read out, up to the norm's division by the
-    stream's size and the constant biases."""
-    if lm.backend == "transformer_lens":
-        model = lm.model
-        norm = getattr(model, "ln_final", None)
-        scale = getattr(norm, "w", None)
-        centred = norm is not None and type(norm).__name__.startswith("LayerNorm")
-        return model.W_U.detach().T, (scale.detach() if scale is not None else None), centred
+def readout(lm):
+    """x (n, d_model), the stream leaving the last block -> the logits the model computes from it, through the
+    model's own final-norm module and output head (`interp.hooks.lm_sites`; a TransformerLens model: its
+    ``ln_final`` and ``unembed``, or for a TransformerBridge the wrapped Hugging Face model's)."""
+    lm = language_model(lm)
     model = lm.model
-    head = model.get_output_embeddings()
-    if head is None:
+    if lm.backend == "transformer_lens":
+        wrapped = getattr(model, "original_model", None)
+        if isinstance(wrapped, torch.nn.Module) and hasattr(wrapped, "config"):
+            return lm_sites(wrapped).readout()
+        norm, unembed = getattr(model, "ln_final", None), model.unembed
+
+        def read(x: torch.Tensor) -> torch.Tensor:
+            x = x[:, None, :]
+            if isinstance(norm, torch.nn.Module):
+                x = norm(x)
+            return unembed(x)[:, 0, :]
+
+        return read
+    if model.get_output_embeddings() is None:
         raise LMHookError(f"{type(model).__name__} has no output embedding: no unembedding to read features through")
-    norm = next((m for m in (_module_at(model, p) for p in _FINAL_NORMS) if isinstance(m, torch.nn.Module)), None)
-    scale = getattr(norm, "weight", None) if norm is not None else None
-    name = type(norm).__name__ if norm is not None else ""
-    centred = isinstance(norm, torch.nn.LayerNorm) or ("LayerNorm" in name and "RMS" not in name)
-    return head.weight.detach(), (scale.detach() if isinstance(scale, torch.Tensor) else None), centred
+    return lm_sites(model).readout()
 
 
 @torch.no_grad()
 def logit_effects(lm, directions: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
     """(F, vocab): the change in next-token logits per unit of each direction (F, d_model) added to the
-    stream read by the unembedding: W_U (scale * direction), the direction centred first where the
-    final norm is a LayerNorm (it removes the mean), before the norm's division by the stream's size."""
-    w_u, scale, centred = unembedding(lm)
-    directions = directions.detach().to(device=w_u.device, dtype=torch.float32)
-    if directions.dim() != 2 or directions.shape[1] != w_u.shape[1]:
-        raise LMHookError(f"directions must be (n, {w_u.shape[1]}), got {tuple(directions.shape)}")
-    if centred:
-        directions = directions - directions.mean(dim=1, keepdim=True)
-    if scale is not None:
-        directions = directions * scale.float()
-    w_u = w_u.float()
-    return torch.cat([directions[i:i + batch_size] @ w_u.T for i in range(0, len(directions), batch_size)]).cpu()
+    stream leaving the last block, linearised through the model's own final norm and output head (with
+    Gemma's ``1 + weight`` gains, LayerNorm's centring, OPT's ``project_out`` and Granite's logit scaling,
+    whatever the module does) at a point where the norm divides by 1 and has no component along the
+    direction: for a LayerNorm that is W_U (gain * centred direction), the usual folded-norm logit weights.
+    Logit soft-capping (Gemma 2/3) is monotone per logit and left out (linearised at logit 0, it is the
+    identity)."""
+    lm = language_model(lm)
+    read = readout(lm)
+    parameter = next(lm.model.parameters())
+    directions = directions.detach()
+    d_model = lm.d_model
+    if directions.dim() != 2 or directions.shape[1] != d_model:
+        raise LMHookError(f"directions must be (n, {d_model}), got {tuple(directions.shape)}")
+    directions = directions.to(device=parameter.device, dtype=parameter.dtype)
+    return linear_logit_effects(read, directions, batch_size=batch_size)
 
 
 __all__ = ["LMEdit", "LMSteerSession", "LM_EDIT_MODES", "POSITIONS", "RESIDUAL_HOOK", "apply_lm_edits",
-           "check_sae_fits", "edit_residual", "generate", "is_residual_hook", "lm_edits_from_json", "logit_effects", "prompt_texts", "sae_hook",
-           "unembedding", "validate_lm_edits"]
+           "check_sae_fits", "edit_residual", "generate", "is_residual_hook", "lm_edits_from_json", "logit_effects", "prompt_texts",
+           "readout", "sae_hook", "validate_lm_edits"]

@@ -208,6 +208,67 @@ def llama_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
 LOCAL_CONVERSIONS = {"gpt2": gpt2_to_hooked_transformer, "llama": llama_to_hooked_transformer}
 
 
+def _converts_exactly(config) -> bool:
+    """Whether a local conversion reads every weight of this config: the llama converter knows no biases and
+    no rope scaling (those models go through TransformerLens' TransformerBridge instead)."""
+    if config.model_type != "llama":
+        return True
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return (rope.get("rope_type", "default") == "default" and not getattr(config, "attention_bias", False)
+            and not getattr(config, "mlp_bias", False))
+
+
+def bridge_hf_model(name: str, hf_model, tokenizer, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """TransformerLens' ``TransformerBridge`` around a loaded Hugging Face model: TransformerLens hook names
+    (``blocks.{l}.hook_resid_pre|mid|post``) on the model's own forward, with its raw weights (no folding), for
+    every architecture TransformerLens has an adapter for. Anything it cannot run is one `LMError` line."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    model_type = getattr(hf_model.config, "model_type", "?")
+    try:
+        bridge = TransformerBridge.boot_transformers(str(name), hf_model=hf_model, tokenizer=tokenizer,
+                                                     device=device, dtype=dtype)
+        # verified, not assumed: the bridge must give the model's own logits (post-LN OPT boots but differs)
+        probe = torch.arange(1, min(hf_model.config.vocab_size, 9), device=device)[None]
+        with torch.no_grad():
+            theirs, ours = bridge(probe, return_type="logits").float(), hf_model(probe).logits.float()
+    except Exception as error:  # noqa: BLE001 - TransformerLens raises many kinds; all mean "cannot run this"
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise LMError(f"TransformerLens cannot run {name!r} (model_type {model_type!r}): {first}. Use --backend hf, "
+                      f"which reads the same sites under the same names") from error
+    difference = (theirs - ours).abs().max().item()
+    if difference > 1e-3 * (1.0 + ours.abs().max().item()):
+        raise LMError(f"TransformerLens' bridge computes other logits than {name!r} (model_type {model_type!r}) itself "
+                      f"(largest difference {difference:.3g}); refused. Use --backend hf")
+    _check_bridge_sites(name, bridge, hf_model, probe)
+    return bridge.eval()
+
+
+def _check_bridge_sites(name: str, bridge, hf_model, probe: torch.Tensor) -> None:
+    """Refuse a bridge whose residual hook points read another stream than the site table's (post-LN OPT's
+    ``hook_resid_mid`` is the sum before its final_layer_norm). Families the table lacks are left to
+    TransformerLens' adapter, whose logits were checked."""
+    from ..hooks.lm import capture_residuals, residual_hook_names
+    from ..hooks.lm_sites import LMHookError, lm_sites
+
+    try:
+        sites = lm_sites(hf_model).sites()
+    except LMHookError:
+        return
+    config = hf_model.config
+    hf = LanguageModel(hf_model, None, n_layers=config.num_hidden_layers, d_model=config.hidden_size,
+                       n_ctx=hf_n_ctx(config), backend="hf", name=name)
+    tl = LanguageModel(bridge, None, n_layers=bridge.cfg.n_layers, d_model=bridge.cfg.d_model, n_ctx=bridge.cfg.n_ctx,
+                       backend="transformer_lens", name=name)
+    names = [n for n in residual_hook_names(hf.n_layers, sites) if n in bridge.hook_dict]
+    ours, theirs = capture_residuals(hf, probe, names=names), capture_residuals(tl, probe, names=names)
+    for hook in names:
+        difference = (ours[hook] - theirs[hook]).abs().max().item()
+        if difference > 1e-3 * (1.0 + ours[hook].abs().max().item()):
+            raise LMError(f"TransformerLens' bridge reads {hook} of {name!r} (model_type {config.model_type!r}) off "
+                          f"the model's residual stream (largest difference {difference:.3g}); refused. Use --backend hf")
+
+
 def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = "cpu",
             dtype: torch.dtype = torch.float32) -> LanguageModel:
     """Load a causal LM for capture and generation.
@@ -216,8 +277,9 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
     a fetched registry model (``"smollm2-135m-instruct"``, see ``interp.zoo.fetch``), a local directory
     saved with ``save_pretrained``, or a Hugging Face hub name (used only when asked for by name; set
     ``HF_HUB_OFFLINE=1`` to forbid downloads). ``backend``: ``"hf"`` or ``"transformer_lens"``; GPT-2 and
-    llama style models convert locally, others go through ``HookedTransformer.from_pretrained_no_processing``
-    (the model must be one TransformerLens supports).
+    plain llama models convert locally into a ``HookedTransformer``, every other architecture (llama with
+    biases or rope scaling too) is wrapped by TransformerLens' ``TransformerBridge`` (raw weights, the
+    same numbers as the Hugging Face model) wherever TransformerLens has an adapter for it.
     """
     if backend not in BACKENDS:
         raise LMError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
@@ -228,18 +290,10 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
         return LanguageModel(hf_model, tokenizer, n_layers=c.num_hidden_layers, d_model=c.hidden_size,
                              n_ctx=hf_n_ctx(c), backend="hf", name=name)
     convert = LOCAL_CONVERSIONS.get(hf_model.config.model_type)
-    if convert is not None:
+    if convert is not None and _converts_exactly(hf_model.config):
         hooked = convert(hf_model, tokenizer, device=device)
     else:
-        from transformer_lens import HookedTransformer
-
-        source, _ = resolve_lm(name)
-        try:
-            hooked = HookedTransformer.from_pretrained_no_processing(source, hf_model=hf_model, tokenizer=tokenizer,
-                                                                     device=device, dtype=dtype)
-        except (ValueError, KeyError, NotImplementedError) as error:
-            raise LMError(f"TransformerLens cannot load {name!r} ({error}); use backend='hf', which captures the "
-                          f"same residual-stream quantities under the same names") from error
+        hooked = bridge_hf_model(name, hf_model, tokenizer, device=device, dtype=dtype)
     return LanguageModel(hooked, tokenizer, n_layers=hooked.cfg.n_layers, d_model=hooked.cfg.d_model,
                          n_ctx=hooked.cfg.n_ctx, backend="transformer_lens", name=name)
 

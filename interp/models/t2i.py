@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from ..zoo import WEIGHTS_DIR
+from .denoisers import UNET, DenoiserFamily, UnsupportedPipeline, denoiser_of, family_of, family_of_index, \
+    family_of_module, step_of_calls
 from .generation import Cancelled  # noqa: F401 - one exception for every stopped generation, image or text
 
 SDXL_BLOCKS = ("down_blocks.2.attentions.1", "mid_block.attentions.0",
@@ -82,7 +84,7 @@ class ModelError(ValueError):
 
 @dataclass(frozen=True)
 class BlockInfo:
-    name: str       # module path inside the UNet, e.g. "down_blocks.2.attentions.1"
+    name: str       # module path inside the denoiser, e.g. "down_blocks.2.attentions.1", "transformer_blocks.3"
     channels: int
     height: int     # positions at the model's default resolution
     width: int
@@ -93,24 +95,32 @@ class T2IModel:
     """A loaded pipeline and what a user needs to know to hook and edit it."""
 
     name: str
-    pipe: object  # diffusers StableDiffusionXLPipeline
+    pipe: object  # a diffusers text-to-image pipeline whose denoiser has a family (`interp.models.denoisers`)
     default_steps: int
     default_guidance: float
     vocabulary: frozenset[str] | None = None  # words the model knows; None: any text
     blocks: dict[str, BlockInfo] = field(default_factory=dict)
     default_blocks: tuple[str, ...] = SDXL_BLOCKS  # see `default_blocks()`; filtered to the UNet's blocks
     world: str | None = None  # the world it was made in (`interp.ground_truth.ground_truth_for`); None: real
+    family: DenoiserFamily = UNET  # how its denoiser is hooked (`interp.models.denoisers`)
+
+    @property
+    def denoiser(self):
+        """The U-Net or the DiT transformer."""
+        return denoiser_of(self.pipe)
 
     @property
     def unet(self):
-        return self.pipe.unet
+        """The denoiser (a U-Net or a DiT transformer), under the name older callers use."""
+        return self.denoiser
 
     @property
     def default_size(self) -> int:
-        return self.pipe.unet.config.sample_size * self.pipe.vae_scale_factor
+        return default_latent_side(self.pipe) * self.pipe.vae_scale_factor
 
     def describe(self) -> dict:
-        return {"name": self.name, "default_steps": self.default_steps, "default_guidance": self.default_guidance,
+        return {"name": self.name, "family": self.family.name, "pipeline": type(self.pipe).__name__,
+                "default_steps": self.default_steps, "default_guidance": self.default_guidance,
                 "default_size": self.default_size, "default_blocks": list(self.default_blocks),
                 "blocks": {k: asdict(v) for k, v in self.blocks.items()}}
 
@@ -120,16 +130,27 @@ class T2IModel:
             raise ModelError("the prompt is empty; describe the image to generate")
         prompt = prompt.strip()
         if self.vocabulary is not None:
+            # its tokenizer splits ASCII words: an emoji or a word in another script would be dropped unread
+            unreadable = sorted({c for c in prompt if not c.isascii()})
+            if unreadable:
+                shown = ", ".join(f"{c!r} (U+{ord(c):04X})" for c in unreadable[:8])
+                raise ModelError(f"{self.name} cannot read the character(s) {shown}: it reads English words of its "
+                                 f"vocabulary only; it knows: {', '.join(sorted(self.vocabulary))}")
             words = {w for w in _words(prompt)}
             unknown = sorted(words - self.vocabulary)
             if unknown:
                 raise ModelError(f"{self.name} does not know the word(s) {', '.join(map(repr, unknown))}; "
                                  f"it knows: {', '.join(sorted(self.vocabulary))}")
-        for tokenizer in {id(t): t for t in (self.pipe.tokenizer, self.pipe.tokenizer_2) if t is not None}.values():
+        # Each of the family's tokenizers reads the prompt; one that would cut it short is an error, not a
+        # silent truncation (the limit is the pipeline's max_sequence_length where it has one).
+        for attribute, limit in self.family.tokenizers:
+            tokenizer = getattr(self.pipe, attribute, None)
+            if tokenizer is None:
+                continue
+            limit = min(limit or tokenizer.model_max_length, tokenizer.model_max_length)
             n = len(tokenizer(prompt, truncation=False)["input_ids"])
-            if n > tokenizer.model_max_length:
-                raise ModelError(f"the prompt is {n} tokens long; {self.name} reads at most "
-                                 f"{tokenizer.model_max_length} (shorten it)")
+            if n > limit:
+                raise ModelError(f"the prompt is {n} tokens long; {self.name} reads at most {limit} (shorten it)")
         return prompt
 
     def check_request(self, steps: int, height: int | None = None, width: int | None = None,
@@ -147,7 +168,7 @@ class T2IModel:
         for seed in seeds:
             if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
                 raise ModelError(f"a seed must be an integer from 0 to {MAX_SEED} (2**64 - 1), not {seed!r}")
-        multiple = self.pipe.vae_scale_factor * 4  # three UNet levels: latent sides divisible by 4
+        multiple = self.family.size_multiple(self.denoiser, self.pipe.vae_scale_factor)
         for side_name, side in (("height", height), ("width", width)):
             if side is None:
                 continue
@@ -164,12 +185,16 @@ class T2IModel:
                         output_type=output_type)
 
     def initial_latents(self, generators: list, height: int | None = None, width: int | None = None) -> torch.Tensor:
-        """Starting noise (batch, channels, h, w) drawn on the CPU, so a seed gives the same image on any device."""
+        """Starting noise (batch, channels, h, w) drawn on the CPU, so a seed gives the same image on any device;
+        packed as the pipeline takes it for FLUX (batch, h * w / 4, channels * 4)."""
         h = (height or self.default_size) // self.pipe.vae_scale_factor
         w = (width or self.default_size) // self.pipe.vae_scale_factor
-        c = self.pipe.unet.config.in_channels
+        c = self.family.latent_channels(self.denoiser)
         # Unit noise: diffusers' prepare_latents scales given latents by init_noise_sigma itself.
-        return torch.stack([torch.randn((c, h, w), generator=g) for g in generators]).to(self.pipe.unet.dtype)
+        latents = torch.stack([torch.randn((c, h, w), generator=g) for g in generators]).to(self.denoiser.dtype)
+        if self.family.packing > 1:
+            latents = self.pipe._pack_latents(latents, len(generators), c, h, w)
+        return latents
 
 
 # ----------------------------------------------------------------------------- generation
@@ -184,7 +209,18 @@ class T2IModel:
 class GenerationCall:
     """What a pipeline call tells the hooks that run inside it (set by `run_pipeline`)."""
 
-    cfg: bool  # the U-Net batch is [uncond, cond]
+    cfg: bool  # the denoiser batch is [uncond, cond]
+    steps: int | None = None  # scheduler steps asked for
+    scheduler: object = None  # the call's own scheduler (its timesteps are set before the first denoiser call)
+
+    def step_of_call(self, call: int) -> int:
+        """The scheduler step that denoiser call `call` (0, 1, ... within this generation) belongs to."""
+        if self.scheduler is None or self.steps is None:
+            return call
+        timesteps = getattr(self.scheduler, "timesteps", None)
+        n_calls = len(timesteps) if timesteps is not None else self.steps
+        steps = step_of_calls(max(n_calls, call + 1), self.steps, int(getattr(self.scheduler, "order", 1) or 1))
+        return steps[call]
 
 
 # The pipeline call in progress in the current context (None outside `run_pipeline`).
@@ -211,8 +247,8 @@ def on_each_step(callback: Callable[[int, int], None]) -> Iterator[None]:
 
 
 def do_cfg(pipe, guidance_scale: float) -> bool:
-    """Whether an SDXL pipeline call with this guidance batches [uncond, cond] (diffusers' rule)."""
-    return guidance_scale > 1.0 and getattr(pipe.unet.config, "time_cond_proj_dim", None) is None
+    """Whether a pipeline call with this guidance batches [uncond, cond] (diffusers' rule for its family)."""
+    return family_of(pipe).guidance_rows(guidance_scale, denoiser_of(pipe))
 
 
 # Tokenizers keep padding/truncation settings on themselves between calls (the Rust
@@ -243,21 +279,31 @@ def private_pipeline(pipe):
 
 
 def run_pipeline(pipe, **call_kwargs):
-    """Call the pipeline through a private copy (thread-safe) and tell active hooks about the call."""
+    """Call the pipeline through a private copy (thread-safe) and tell active hooks about the call.
+
+    Steps are scheduler steps: a multi-call scheduler (Heun, DPM-2: two denoiser calls a step; PNDM's warm-up)
+    reports progress, and the hooks count, per step, not per denoiser call."""
+    family = family_of(pipe)
+    call_kwargs = {**family.call_options, **call_kwargs}
     guidance = float(call_kwargs.get("guidance_scale", 5.0))
+    total = int(call_kwargs.get("num_inference_steps") or 1)
+    private = private_pipeline(pipe)
+    call = GenerationCall(cfg=do_cfg(pipe, guidance), steps=total, scheduler=private.scheduler)
     callback = _STEP_CALLBACK.get()
     if callback is not None and "callback_on_step_end" not in call_kwargs:
-        total = int(call_kwargs.get("num_inference_steps") or 1)
         callback(0, total)
 
-        def step_end(_pipe, step, _timestep, _tensors):
-            callback(step + 1, total)
+        def step_end(_pipe, index, _timestep, _tensors):
+            n_calls = len(_pipe.scheduler.timesteps)
+            steps = step_of_calls(n_calls, total, int(getattr(_pipe.scheduler, "order", 1) or 1))
+            if index + 1 >= n_calls or steps[index + 1] != steps[index]:  # this call ends a step
+                callback(steps[index] + 1, total)
             return {}
 
         call_kwargs["callback_on_step_end"] = step_end
-    token = _GENERATION_CALL.set(GenerationCall(cfg=do_cfg(pipe, guidance)))
+    token = _GENERATION_CALL.set(call)
     try:
-        return private_pipeline(pipe)(**call_kwargs)
+        return private(**call_kwargs)
     finally:
         _GENERATION_CALL.reset(token)
 
@@ -283,9 +329,11 @@ def generate(model, prompt: str | list[str], steps: int | None = None, seed: int
     guidance = float(guidance)
     generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
     latents = model.initial_latents(generators, height, width)
+    # Pipelines that would bin or default the size themselves (PixArt, Sana) get the size the latents have.
+    height, width = height or model.default_size, width or model.default_size
     with torch.inference_mode():
         out = run_pipeline(model.pipe, prompt=prompts, num_inference_steps=steps, guidance_scale=guidance,
-                           latents=latents.to(model.unet.device), height=height, width=width,
+                           latents=latents.to(model.denoiser.device), height=height, width=width,
                            output_type=output_type)
     return out.images
 
@@ -295,26 +343,18 @@ def _words(prompt: str) -> list[str]:
     return re.findall(r"[a-z]+", prompt.lower())
 
 
-def block_info(unet, names=None) -> dict[str, BlockInfo]:
-    """Channels and spatial size, at the default resolution, of the UNet's transformer blocks."""
-    cfg = unet.config
-    n_levels = len(cfg.block_out_channels)
-    side = cfg.sample_size
-    infos = {}
-    for name, module in unet.named_modules():
-        if type(module).__name__ != "Transformer2DModel":
-            continue
-        parts = name.split(".")
-        if parts[0] == "down_blocks":
-            level = int(parts[1])
-        elif parts[0] == "mid_block":
-            level = n_levels - 1
-        elif parts[0] == "up_blocks":
-            level = n_levels - 1 - int(parts[1])
-        else:
-            continue
-        s = side // 2 ** level
-        infos[name] = BlockInfo(name, module.config.in_channels, s, s)
+def default_latent_side(pipe) -> int:
+    """The latent side of the pipeline's default image (FLUX's pipeline sets it; the others' denoiser config)."""
+    side = getattr(pipe, "default_sample_size", None) or getattr(denoiser_of(pipe).config, "sample_size", None)
+    return int(side or 128)
+
+
+def block_info(denoiser, names=None, latent_side: int | None = None) -> dict[str, BlockInfo]:
+    """Channels and grid size of the denoiser's blocks (a U-Net's transformers, a DiT's blocks) at a latent of
+    `latent_side` pixels (default: the denoiser's sample_size; FLUX's, which has none: 128)."""
+    family = family_of_module(denoiser)
+    side = latent_side or int(getattr(denoiser.config, "sample_size", None) or 128)
+    infos = {name: BlockInfo(name, *shape) for name, shape in family.blocks(denoiser, side).items()}
     if names is not None:
         infos = {n: infos[n] for n in names if n in infos}
     return infos
@@ -349,15 +389,30 @@ def check_device(device: str) -> None:
         raise ModelError(f"device {device!r} is not available: no Apple GPU (MPS) here; use --device cpu")
 
 
+def _saved_family(source: str) -> DenoiserFamily:
+    """The family a saved pipeline's model_index.json names, refused in one line before anything loads."""
+    index_file = Path(source) / "model_index.json"
+    try:
+        model_index = json.loads(index_file.read_text())
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot read {index_file}: {err}") from None
+    try:
+        return family_of_index(model_index)
+    except UnsupportedPipeline as err:
+        raise ModelError(str(err)) from None
+
+
 def load_t2i(name_or_path: str = "toy", device: str | None = None, dtype: torch.dtype | None = None,
              allow_download: bool | None = None) -> T2IModel:
-    """Load a pipeline by name ("toy", "sdxl-turbo", "sdxl-base"), hub id or directory.
+    """Load a pipeline by name ("toy", "sdxl-turbo", "sdxl-base"), hub id or directory, as the class its
+    model_index.json names (`DiffusionPipeline`): SD 1.x / 2.x / SDXL U-Nets, SD3, FLUX, PixArt, Sana.
 
     Real models come from the local Hugging Face cache or the hub (only when
     `allow_download`, default: when HF_HUB_OFFLINE is not set); a missing or corrupt
-    model raises ModelError saying what is missing and how to get it.
+    model raises ModelError saying what is missing and how to get it, a pipeline of
+    an unsupported family one naming its class and the supported families.
     """
-    from diffusers import StableDiffusionXLPipeline
+    from diffusers import DiffusionPipeline
 
     source, known = resolve(name_or_path)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -370,23 +425,37 @@ def load_t2i(name_or_path: str = "toy", device: str | None = None, dtype: torch.
         raise ModelError(f"{source} has no model_index.json: it is not a pipeline saved with save_pretrained"
                          + (" (the embedded weights are missing: reinstall the repository or run "
                             "`python -m interp.zoo train t2i`)" if known and known.embedded else ""))
+    if local:
+        _saved_family(source)
     try:
-        pipe = StableDiffusionXLPipeline.from_pretrained(source, dtype=dtype,
-                                                         local_files_only=local or not allow_download)
+        pipe = DiffusionPipeline.from_pretrained(source, dtype=dtype, local_files_only=local or not allow_download)
     except Exception as err:  # noqa: BLE001 - any failure to load becomes one clear message
         how = ("download it once with `huggingface-cli download " + source + "` (about 7 GB) or pass a local "
                "directory" if not local else "check that the directory holds a complete pipeline")
         raise ModelError(f"cannot load {name_or_path!r} from {source}: {str(err).splitlines()[0]}; {how}") from None
     pipe.to(device)
-    pipe.set_progress_bar_config(disable=True)
     vocabulary = None
     vocab_file = Path(source) / "tokenizer" / "vocabulary.json" if local else None
     if vocab_file is not None and vocab_file.exists():
         vocabulary = frozenset(json.loads(vocab_file.read_text()))
     steps = known.default_steps if known else (1 if "turbo" in source.lower() else 30)
     guidance = known.default_guidance if known else (0.0 if steps == 1 else 5.0)
-    blocks = block_info(pipe.unet)
-    return T2IModel(name=name_or_path, pipe=pipe, default_steps=steps, default_guidance=guidance,
-                    vocabulary=vocabulary, blocks=blocks,
-                    default_blocks=tuple(b for b in default_blocks(name_or_path) if b in blocks),
-                    world=known.world if known else None)
+    return t2i_model(pipe, name_or_path, default_steps=steps, default_guidance=guidance, vocabulary=vocabulary,
+                     blocks=default_blocks(name_or_path), world=known.world if known else None)
+
+
+def t2i_model(pipe, name: str, default_steps: int = 30, default_guidance: float = 5.0,
+              vocabulary: frozenset[str] | None = None, blocks: tuple[str, ...] = SDXL_BLOCKS,
+              world: str | None = None) -> T2IModel:
+    """A loaded pipeline (any supported family, e.g. one built in memory) as a T2IModel: its family resolved
+    once, its blocks at the default size, its analysed blocks (`blocks` that it has; none of them: the middle
+    block of each of a DiT's block lists)."""
+    try:
+        family = family_of(pipe)
+    except UnsupportedPipeline as err:
+        raise ModelError(str(err)) from None
+    pipe.set_progress_bar_config(disable=True)
+    infos = block_info(denoiser_of(pipe), latent_side=default_latent_side(pipe))
+    analysed = tuple(b for b in blocks if b in infos) or family.default_blocks(infos)
+    return T2IModel(name=name, pipe=pipe, default_steps=default_steps, default_guidance=default_guidance,
+                    vocabulary=vocabulary, blocks=infos, default_blocks=analysed, world=world, family=family)

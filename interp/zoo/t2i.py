@@ -59,16 +59,16 @@ class T2IConfig:
 # The recipe's named model configurations (`python -m interp.zoo train t2i --config NAME`).
 T2I_CONFIGS = {
     # v1, the shipped `toy`: one transformer layer per attention at every level, so the 8 x 8 blocks
-    # (SDXL's four analysed ones) do little the image depends on (README, "SAEs shipped").
+    # (SDXL's four analysed ones) do little the image depends on (docs/saes.md).
     "v1": T2IConfig(),
     # v2: SDXL's proportions. Channels double per level as SDXL's (320, 640, 1280), and most transformer
     # layers sit at the lowest resolution as in SDXL's (1, 2, 10): 2 layers at 16 x 16, 6 at 8 x 8 (fewer than
-    # SDXL's 10 to keep the recipe within about 3 hours on two CPU cores; README, "v2").
+    # SDXL's 10 to keep the recipe within about 3 hours on two CPU cores; docs/experiments/t2i-blocks.md).
     "sdxl-proportions": T2IConfig(unet_transformer_layers=(1, 2, 6)),
     # v3 (`toy-v3`): v2 with attention, and so the prompt's tokens, only at 8 x 8, in SDXL's four analysed blocks
     # and their neighbours (the 16 x 16 level keeps its resnets, which see the pooled text through the time
     # embedding): v2 drew everything in its last 16 x 16 attention. v4 (`toy-v4`) is this with the recipe's
-    # --zero-pooled-text (README, "v2 and v3").
+    # --zero-pooled-text (docs/experiments/t2i-blocks.md).
     "sdxl-blocks-only": T2IConfig(unet_transformer_layers=(1, 2, 6), unet_attention=(False, False, True)),
 }
 

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..cli import at_least
 from . import shapes
 from .t2i import T2I_CONFIGS, T2IConfig, build_pipeline, build_tokenizer_files, t2i_config
 from .training import lr_at, save_checkpoint
@@ -477,15 +478,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "most transformer layers at the lowest resolution as in SDXL (toy-v2); sdxl-blocks-only, "
                              "the same with attention only at 8 x 8")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--scenes", type=int, default=RecipeConfig.n_scenes)
-    parser.add_argument("--vae-steps", type=int, default=RecipeConfig.vae_steps)
-    parser.add_argument("--decoder-steps", type=int, default=RecipeConfig.decoder_steps,
+    parser.add_argument("--scenes", type=at_least(1), default=RecipeConfig.n_scenes)
+    parser.add_argument("--vae-steps", type=at_least(0), default=RecipeConfig.vae_steps)
+    parser.add_argument("--decoder-steps", type=at_least(0), default=RecipeConfig.decoder_steps,
                         help="steps of decoder-only fine-tuning on the fixed latents")
-    parser.add_argument("--unet-steps", type=int, default=RecipeConfig.unet_steps)
-    parser.add_argument("--batch", type=int, default=RecipeConfig.unet_batch)
-    parser.add_argument("--threads", type=int, default=RecipeConfig.threads)
-    parser.add_argument("--probe-every", type=int, default=500, help="probe accuracy every N UNet steps (0: never)")
-    parser.add_argument("--checkpoint-every", type=int, default=RecipeConfig.checkpoint_every)
+    parser.add_argument("--unet-steps", type=at_least(0), default=RecipeConfig.unet_steps)
+    parser.add_argument("--batch", type=at_least(1), default=RecipeConfig.unet_batch)
+    parser.add_argument("--threads", type=at_least(1), default=RecipeConfig.threads)
+    parser.add_argument("--probe-every", type=at_least(0), default=500,
+                        help="probe accuracy every N UNet steps (0: never)")
+    parser.add_argument("--checkpoint-every", type=at_least(1), default=RecipeConfig.checkpoint_every)
     parser.add_argument("--freeze-text-encoders", action="store_true",
                         help="keep the text encoders at their random initialisation (SDXL keeps its own frozen)")
     parser.add_argument("--pretrain-text-encoders", type=int, default=0, metavar="STEPS",

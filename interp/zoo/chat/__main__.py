@@ -25,8 +25,18 @@ def main(argv: list[str] | None = None) -> int:
         from ...cli import run_command
         from .world import main as world_main
 
-        # the one error map (an unwritable --out: one line, exit 2; Ctrl-C: 130); world.py checks its own --n
-        return run_command(SimpleNamespace(run=lambda _: world_main(argv[1:])))
+        # the one error map (an unwritable --out: one line, exit 2; Ctrl-C: 130); world.py checks its own --n.
+        # The shipped-files guard reads --out and --overwrite here (world.py, in the SmolLM2 study's fingerprint,
+        # knows neither); the rest goes to world.py's own parser.
+        import argparse
+
+        guarded = argparse.ArgumentParser(add_help=False)
+        guarded.add_argument("--out")
+        guarded.add_argument("--overwrite", action="store_true")
+        known, _ = guarded.parse_known_args(argv[1:])
+        rest = [a for a in argv[1:] if a != "--overwrite"]
+        return run_command(SimpleNamespace(run=lambda _: world_main(rest), out=known.out, overwrite=known.overwrite,
+                                           writer="interp.zoo.chat world"))
     if argv[0] == "evaluate":
         from .recipe import evaluate_cli
         return evaluate_cli(argv[1:])

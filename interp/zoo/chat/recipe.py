@@ -17,7 +17,7 @@ Prompts are always in the chat format ``<s><|user|> {prompt} <|assistant|>`` and
 on the completion and its ``</s>`` only. Training is resumable: checkpoints are written
 atomically every ``checkpoint_every`` steps and a finished stage is not run again.
 
-    python -m interp.zoo.chat.recipe --out runs/chat --save-to interp/zoo/weights
+    python -m interp.zoo.chat.recipe --out runs/chat --save-to interp/zoo/weights --overwrite   # ships on purpose
     python -m interp.zoo.chat evaluate --model chat-safety-0.4 --overwrite   # or --all: every shipped model
 """
 
@@ -505,10 +505,11 @@ def main(args: argparse.Namespace) -> int:
 def cli(argv: list[str] | None = None) -> int:
     """The recipe's command line, through the CLIs' one error map (a bad value: one line and exit 2; Ctrl-C: 130)."""
     from ...cli import run_command
+    from ...shipped import add_overwrite_options
 
     parser = argparse.ArgumentParser(prog="python -m interp.zoo.chat.recipe", description=__doc__.split("\n")[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = add_overwrite_options(parser).parse_args(argv)
     args.run = main
     return run_command(args)
 

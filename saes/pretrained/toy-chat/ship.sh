@@ -37,6 +37,6 @@ cp "$RUN/sae/cfg.json" "$RUN/sae/sae_weights.safetensors" "$RUN/sae/train_summar
 python -c "import sys; from saes.sae import SAE; SAE.load(sys.argv[1]).astype('float16').save(sys.argv[1])" \
     "$OUT/$HOOK"  # shipped in fp16; the evaluation and cards below measure the fp16 weights
 python -m saes eval --sae "$OUT/$HOOK" --model "$MODEL" --text "$RUN/heldout.jsonl" --tokens 20000 \
-    --out "$OUT/$HOOK/eval.json"
+    --out "$OUT/$HOOK/eval.json" --overwrite
 python -m saes features --sae "$OUT/$HOOK" --model "$MODEL" --text "$RUN/corpus.jsonl" --tokens 100000 \
     --out "$OUT/$HOOK" --overwrite

@@ -1,0 +1,313 @@
+"""Every language-model architecture the workbench claims, checked against the model's own forward pass.
+
+For each entry of `interp.hooks.lm_sites.VERIFIED_ARCHITECTURES` a tiny random-weight model is built
+here (`flowlens.tiny.tiny_family_lm`: two layers, d 32, noise on every norm gain and bias so that an
+ignored one shows), and:
+
+- every residual site the workbench captures is the true stream: resid_pre / resid_post against the
+  model's ``output_hidden_states``, resid_mid against the stream rebuilt from the *attention* side
+  (block input + what that side writes, per family below), which the site table never reads;
+- a write at resid_mid (SAE splice and steering) moves the true stream exactly: the logits equal those
+  of an independent write on the attention side;
+- greedy generation equals ``model.generate``;
+- feature cards' logit effects equal the true linearised effect: the derivative of the model's whole
+  forward pass (forward-mode autodiff) with the last layer's output set;
+- the TransformerLens backend (TransformerBridge, or the local conversions) reads the same residuals
+  as the Hugging Face backend, or refuses in one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flowlens.tiny import tiny_family_lm, word_level_tokenizer
+from interp.hooks.lm import capture_residuals, model_sites, residual_hook_names
+from interp.hooks.lm_sites import VERIFIED_ARCHITECTURES, LMHookError, family_of, lm_sites, verified_table
+
+LABELS = [label for label, _, _ in VERIFIED_ARCHITECTURES]
+WORDS = "the cat sat on a mat and then it ran to see what the dog did with one red ball".split()
+TOKENIZER = word_level_tokenizer([" ".join(WORDS)])
+VOCAB = len(TOKENIZER)
+
+# What the attention side adds to the block input to make resid_mid: (module of the layer, how).
+# "add": block input + the module's output; "add_scaled": times config.residual_multiplier (Granite);
+# "output": the module's output is resid_mid itself (post-LN OPT normalises after the add).
+ATTENTION_SIDE = {
+    "gpt2": ("attn", "add"), "gpt_neox-sequential": ("attention", "add"),
+    "gemma2": ("post_attention_layernorm", "add"), "gemma3": ("post_attention_layernorm", "add"),
+    "olmo2": ("post_attention_layernorm", "add"), "granite": ("self_attn", "add_scaled"),
+    "opt": ("self_attn", "add"), "opt-350m": ("self_attn_layer_norm", "output"),
+}
+
+
+def attention_side(label: str) -> tuple[str, str] | None:
+    if label == "gpt_neox":
+        return None  # parallel: no resid_mid
+    return ATTENTION_SIDE.get(label, ("self_attn", "add"))
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {}
+
+
+def model_of(models, label):
+    if label not in models:
+        models[label] = tiny_family_lm(label, VOCAB)
+    return models[label]
+
+
+def batch():
+    rows = [" ".join(WORDS[:9]), " ".join(WORDS[5:14])]
+    encoded = [TOKENIZER(r)["input_ids"] for r in rows]
+    return torch.tensor(encoded)
+
+
+def _first(value):
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
+def true_resid_mid(model, label, ids) -> dict[int, torch.Tensor]:
+    """resid_mid of every layer rebuilt from the attention side (block input + its write), independently."""
+    module_name, how = attention_side(label)
+    layers = lm_sites(model).layers
+    found, inputs, handles = {}, {}, []
+    scale = getattr(model.config, "residual_multiplier", 1.0)
+    for index, layer in enumerate(layers):
+        def keep_input(module, args, kwargs, index=index):
+            inputs[index] = args[0] if args else kwargs["hidden_states"]
+
+        def on_attention(module, args, output, index=index):
+            written = _first(output)
+            found[index] = written if how == "output" else inputs[index] + (
+                written * scale if how == "add_scaled" else written)
+
+        handles.append(layer.register_forward_pre_hook(keep_input, with_kwargs=True))
+        handles.append(getattr(layer, module_name).register_forward_hook(on_attention))
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def test_the_verified_table_names_every_family_and_docs_carry_it():
+    from pathlib import Path
+
+    for _, model_type, _ in VERIFIED_ARCHITECTURES:
+        assert family_of(type("C", (), {"model_type": model_type})())
+    page = Path(__file__).resolve().parents[1] / "docs" / "lm-architectures.md"
+    assert verified_table() in page.read_text(), "docs/lm-architectures.md is stale: paste verified_table() into it"
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_every_residual_site_is_the_models_true_stream(models, label):
+    model = model_of(models, label)
+    ids = batch()
+    n_layers = model.config.num_hidden_layers
+    sites = model_sites(model)
+    assert ("resid_mid" in sites) == (attention_side(label) is not None)
+    names = residual_hook_names(n_layers, sites)
+    captured = capture_residuals(model, ids, names=names)
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    for layer in range(n_layers):
+        torch.testing.assert_close(captured[f"blocks.{layer}.hook_resid_pre"], hidden[layer], rtol=0, atol=0)
+        if layer < n_layers - 1:  # the last hidden state is after the final norm
+            torch.testing.assert_close(captured[f"blocks.{layer}.hook_resid_post"], hidden[layer + 1], rtol=0, atol=0)
+    if "resid_mid" in sites:
+        truth = true_resid_mid(model, label, ids)
+        for layer in range(n_layers):
+            torch.testing.assert_close(captured[f"blocks.{layer}.hook_resid_mid"], truth[layer],
+                                       rtol=1e-5, atol=1e-5)
+    else:
+        with pytest.raises(LMHookError, match="parallel"):
+            capture_residuals(model, ids, names=["blocks.0.hook_resid_mid"])
+
+
+def attention_side_write_logits(model, label, ids, vector) -> torch.Tensor:
+    """Logits with ``vector`` added to resid_mid of layer 0 from positions 1 on, written on the attention side."""
+    module_name, how = attention_side(label)
+    layer = lm_sites(model).layers[0]
+    scale = getattr(model.config, "residual_multiplier", 1.0)
+
+    def on_attention(module, args, output):
+        written = _first(output)
+        change = torch.zeros_like(written)
+        change[:, 1:] = vector / scale if how == "add_scaled" else vector
+        new = written + change
+        return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+    handle = getattr(layer, module_name).register_forward_hook(on_attention)
+    try:
+        with torch.no_grad():
+            return model(ids).logits
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_splice_and_steering_at_resid_mid_move_the_true_stream_exactly(models, label):
+    from interp.hooks.lm_splice import residual_replacement
+    from interp.hooks.lm_steer import LMEdit, apply_lm_edits
+
+    model = model_of(models, label)
+    if attention_side(label) is None:
+        pytest.skip("no resid_mid: attention and MLP run in parallel")
+    ids = batch()
+    vector = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    expected = attention_side_write_logits(model, label, ids, vector)
+    with torch.no_grad():
+        clean = model(ids).logits
+        with residual_replacement(model, "blocks.0.hook_resid_mid", lambda x: x + vector):
+            spliced = model(ids).logits
+        edit = LMEdit("blocks.0.hook_resid_mid", "add", direction=vector.tolist(), strength=1.0, positions="all")
+        with apply_lm_edits(model, [edit], prompt_length=ids.shape[1]):
+            steered_all = model(ids).logits
+    assert (expected - clean).abs().max() > 1e-3  # the write matters
+    torch.testing.assert_close(spliced, expected, rtol=1e-4, atol=1e-4)
+    # steering adds at every position (the splice leaves the start token alone): compare from position 1 on
+    # against a splice that also touches position 0
+    with torch.no_grad(), residual_replacement(model, "blocks.0.hook_resid_mid", lambda x: x + vector, start=0):
+        spliced_all = model(ids).logits
+    torch.testing.assert_close(steered_all, spliced_all, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_greedy_generation_equals_model_generate(models, label):
+    from interp.models.generation import greedy_generate_tokens
+
+    model = model_of(models, label)
+    texts = [" ".join(WORDS[:6]), " ".join(WORDS[3:7])]
+    ours = greedy_generate_tokens(model, TOKENIZER, texts, max_new_tokens=6, add_special_tokens=True)
+    for text, tokens in zip(texts, ours):
+        ids = torch.tensor([TOKENIZER(text)["input_ids"]])
+        with torch.no_grad():
+            reference = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=[3])
+        expected = reference[0, ids.shape[1]:].tolist()
+        assert tokens == expected[:len(tokens)] and (len(tokens) == len(expected) or tokens[-1] == 3)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_logit_effects_are_the_true_linearised_effect(models, label):
+    from interp.hooks.lm_steer import logit_effects
+
+    model = model_of(models, label)
+    d = model.config.hidden_size
+    generator = torch.Generator().manual_seed(2)
+    directions = torch.randn(3, d, generator=generator)
+    effects = logit_effects(model, directions)
+    # truth: the derivative (forward-mode autodiff) of the model's whole forward pass along each direction, with
+    # the last layer's output set to x0 + t * direction, where x0 has mean 0, root-mean-square 1 and no component
+    # along the direction (there any norm divides by 1)
+    from torch.func import jvp
+
+    last = lm_sites(model).layers[-1]
+    x0 = torch.randn(3, d, generator=generator)
+    x0 -= x0.mean(1, keepdim=True)
+    u = directions - directions.mean(1, keepdim=True)
+    x0 -= (x0 * u).sum(1, keepdim=True) / (u * u).sum(1, keepdim=True) * u
+    x0 *= d ** 0.5 / x0.norm(dim=1, keepdim=True)
+
+    def logits_at(t):
+        stream = (x0 + t[:, None] * directions)[:, None, :]
+        handle = last.register_forward_hook(lambda m, a, out: (stream,) + tuple(out[1:])
+                                            if isinstance(out, tuple) else stream)
+        try:
+            return model(torch.full((3, 1), 5)).logits[:, 0]
+        finally:
+            handle.remove()
+
+    _, truth = jvp(logits_at, (torch.zeros(3),), (torch.ones(3),))
+    torch.testing.assert_close(effects, truth.detach(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_transformer_lens_backend_reads_the_same_residuals_or_refuses_in_one_line(models, label, tmp_path):
+    from interp.models.lm import LMError, load_lm
+
+    model = model_of(models, label)
+    model.save_pretrained(tmp_path)
+    TOKENIZER.save_pretrained(tmp_path)
+    hf = load_lm(tmp_path)
+    try:
+        tl = load_lm(tmp_path, backend="transformer_lens")
+    except LMError as error:
+        assert label == "opt-350m", f"{label}: {error}"
+        assert "\n" not in str(error) and "--backend hf" in str(error)
+        return
+    sites = model_sites(hf)
+    assert model_sites(tl) == sites
+    names = residual_hook_names(hf.n_layers, sites)
+    ids = batch()
+    mask = torch.ones_like(ids)
+    mask[1, -2:] = 0  # right padding on one row
+    ours, theirs = capture_residuals(hf, ids, mask, names), capture_residuals(tl, ids, mask, names)
+    for name in names:
+        torch.testing.assert_close(theirs[name][mask.bool()], ours[name][mask.bool()], rtol=1e-4, atol=1e-4)
+
+
+def test_interp_hooks_lists_only_the_sites_a_model_has_and_refuses_an_unknown_family_in_one_line(models, tmp_path,
+                                                                                                 capsys):
+    import transformers as T
+
+    from interp.__main__ import main
+
+    pythia = tmp_path / "pythia"
+    model_of(models, "gpt_neox").save_pretrained(pythia)
+    TOKENIZER.save_pretrained(pythia)
+    assert main(["hooks", "--model", str(pythia)]) == 0
+    listed = capsys.readouterr().out.split()
+    assert listed == ["blocks.0.hook_resid_pre", "blocks.0.hook_resid_post", "blocks.1.hook_resid_pre",
+                      "blocks.1.hook_resid_post"]
+    bloom = tmp_path / "bloom"
+    T.BloomForCausalLM(T.BloomConfig(vocab_size=VOCAB, hidden_size=16, n_layer=1, n_head=2)).save_pretrained(bloom)
+    capsys.readouterr()
+    assert main(["hooks", "--model", str(bloom)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.count("\n") == 0 and "no site table for model_type 'bloom'" in error and "transformer_lens" in error
+
+
+def _tokenizer(adds_bos: bool, template: str | None):
+    from tokenizers import processors
+
+    tokenizer = word_level_tokenizer([" ".join(WORDS)], extra_words=["user", "assistant"])
+    if not adds_bos:  # as GPT-2's and Qwen's tokenizers: no special token added
+        tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(single="$A")
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+TEMPLATE_WITH_BOS = ("{{ bos_token }}{% for m in messages %}{{ m.role }} {{ m.content }} {% endfor %}"
+                     "{% if add_generation_prompt %}assistant{% endif %}")  # as Llama 3's, Gemma's
+TEMPLATE_WITHOUT_BOS = TEMPLATE_WITH_BOS.replace("{{ bos_token }}", "")  # as Qwen's, SmolLM2's
+
+
+@pytest.mark.parametrize("adds_bos,template", [(True, None), (False, None), (True, TEMPLATE_WITH_BOS),
+                                               (False, TEMPLATE_WITHOUT_BOS)],
+                         ids=["adds-bos", "no-bos", "template-with-bos", "template-without-bos"])
+def test_prompts_carry_one_start_token_and_the_tokenizers_own_chat_template(models, adds_bos, template):
+    from interp.hooks.lm import format_prompts
+    from interp.hooks.lm_steer import prompt_texts
+    from interp.lm_text import token_sequences
+    from interp.models.lm import LanguageModel
+
+    tokenizer = _tokenizer(adds_bos, template)
+    model = model_of(models, "llama")
+    lm = LanguageModel(model, tokenizer, n_layers=2, d_model=32, n_ctx=128, backend="hf", name="tiny")
+    prompts = ["the cat sat", "a dog ran"]
+    texts, add_special = prompt_texts(lm, prompts)
+    encoded = tokenizer(texts, add_special_tokens=add_special)["input_ids"]
+    bos = tokenizer.bos_token_id
+    provides_bos = adds_bos if template is None else "bos_token" in template
+    for ids in encoded:
+        assert ids.count(bos) == (1 if provides_bos else 0) and (not provides_bos or ids[0] == bos)
+    if template is not None:
+        assert texts == [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                       add_generation_prompt=True) for p in prompts]
+        assert format_prompts(tokenizer, prompts, chat_template=None) == texts
+    for sequence in token_sequences(tokenizer, [" ".join(WORDS)], context=8):
+        assert sequence.count(sequence[0]) == 1  # one start token, never a second from the tokenizer
