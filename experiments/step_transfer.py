@@ -151,6 +151,15 @@ def feature_agreement(reference: torch.Tensor, other: torch.Tensor, top_k: int =
                      "top_k_overlap": float(np.mean(overlaps))}
 
 
+def update_drift(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """How far a block's updates moved from the reference run's, on paired rows: sum ||other - reference||^2 over
+    the reference's total variance sum ||reference - mean||^2 (0: the same updates; 1: as far as the updates spread;
+    about 2 for unrelated updates of the same spread). reference, other: (n, d) paired vectors."""
+    reference, other = reference.double(), other.double()
+    spread = (reference - reference.mean(0)).pow(2).sum()
+    return float((other - reference).pow(2).sum() / spread.clamp_min(1e-300))
+
+
 # ----------------------------------------------------------------------------- the run
 
 def _shown(path: Path) -> str:
@@ -323,6 +332,62 @@ def run(args) -> int:
     return report(args)
 
 
+# ----------------------------------------------------------------------------- the causal side
+
+CAUSAL_STEPS = (1, 2, 4)
+CAUSAL_CATEGORIES = ("change colour", "change texture", "change shape")
+CAUSAL_BLOCKS = ("up_blocks.1.attentions.1", "up_blocks.1.attentions.2")  # where the toy draws shape and colour
+CAUSAL_MULTIPLIERS = (1.0, 2.0)
+CAUSAL_K_TRANS = 5
+CAUSAL_LIMIT = 8  # tasks per category
+
+
+def causal(args) -> int:
+    """RIEBench's shapes suite with the shipped 1-step SAEs (the sae method, static, through the blocks that draw
+    shape and colour) at 1, 2 and 4 steps: the same tasks, the same edit rule, applied at every step."""
+    from riebench.methods import MethodConfig
+    from riebench.runner import Runner, RunConfig as BenchConfig
+
+    global RUN_ROOT
+    RUN_ROOT = Path(args.out).resolve()
+    torch.set_num_threads(args.threads)
+    configs = [MethodConfig("sae", k_trans=CAUSAL_K_TRANS, multiplier=m, blocks=list(CAUSAL_BLOCKS))
+               for m in CAUSAL_MULTIPLIERS]
+    model = None
+    for steps in CAUSAL_STEPS:
+        _log(f"RIEBench with the 1-step SAEs at {steps} step(s): {', '.join(CAUSAL_CATEGORIES)}, "
+             f"{args.limit} tasks each")
+        bench = BenchConfig(model=MODEL, categories=list(CAUSAL_CATEGORIES), limit_per_category=args.limit,
+                            saes=str(SAE_ROOT), steps=steps, configs=configs)
+        runner = Runner(bench, RUN_ROOT / "riebench" / f"steps{steps}", model=model, progress=False)
+        model = runner.model
+        print(runner.run())
+    return 0
+
+
+def causal_results() -> dict | None:
+    """{steps: {config label: {category: {success, preservation, n}}}} from the causal runs, or None."""
+    from riebench.runner import load_results
+
+    out = {}
+    for steps in CAUSAL_STEPS:
+        done, failed = load_results(RUN_ROOT / "riebench" / f"steps{steps}")
+        if not done:
+            return None
+        table = {}
+        for result in done:
+            cell = table.setdefault(result["label"] + f", m {result['config']['multiplier']:g}", {}).setdefault(
+                result["category"], {"success": [], "preservation": []})
+            for key in ("success", "preservation"):
+                cell[key].append(float(result["metrics"][key]))
+        out[str(steps)] = {label: {category: {"success": float(np.mean(v["success"])),
+                                              "preservation": float(np.mean(v["preservation"])), "n": len(v["success"])}
+                                   for category, v in sorted(categories.items())}
+                           for label, categories in sorted(table.items())}
+        out[str(steps)]["failed"] = len(failed)
+    return out
+
+
 # ----------------------------------------------------------------------------- toy-base's cost
 
 def base_step_seconds(steps: int = 4, batch: int = 32, threads: int = 1) -> dict:
@@ -401,9 +466,24 @@ def collect_results() -> dict:
         raise FileNotFoundError("runs/step_transfer/measured/ is empty: run `python -m experiments.step_transfer run`")
     data["config"] = cfg
     data["scheduler"] = _scheduler_note()
+    data["update_drift"] = _drifts(data["blocks"])
     cost_path = RUN_ROOT / "base_step_cost.json"
     data["base_step_cost"] = json.loads(cost_path.read_text()) if cost_path.exists() else None
+    data["causal"] = causal_results()
     return data
+
+
+def _drifts(blocks) -> dict:
+    """{block: {setting: [drift of each step's updates from the 1-step run's]}} from the captured updates."""
+    from safetensors.torch import load_file
+
+    updates = {name: load_file(str(RUN_ROOT / "eval" / f"{setting.slug}.safetensors")) for name, setting in SETTINGS.items()}
+    out = {}
+    for block in blocks:
+        reference = position_vectors(updates[REFERENCE][block][:, 0])
+        out[block] = {name: [update_drift(reference, position_vectors(u[block][:, s])) for s in range(u[block].shape[1])]
+                      for name, u in updates.items()}
+    return out
 
 
 def _scheduler_note() -> dict:
@@ -435,12 +515,14 @@ def reconstruction_table(data: dict) -> str:
 
 def per_step_table(data: dict) -> str:
     """EV of the shipped SAE and of the ceiling at each step of each multi-step setting."""
-    lines = ["| block | setting | EV shipped by step | EV ceiling by step |", "|---|---|---|---|"]
+    lines = ["| block | setting | update drift from 1 step, by step | EV shipped by step | EV ceiling by step |",
+             "|---|---|---|---|---|"]
     for block, settings in data["blocks"].items():
         for name, entry in settings.items():
             if len(entry["shipped"]["per_step"]) == 1:
                 continue
-            lines.append(f"| {block} | {name} | " + " / ".join(_f(m["explained_variance"], 2) for m in entry["shipped"]["per_step"])
+            lines.append(f"| {block} | {name} | " + " / ".join(_f(d, 2) for d in data["update_drift"][block][name])
+                         + " | " + " / ".join(_f(m["explained_variance"], 2) for m in entry["shipped"]["per_step"])
                          + " | " + " / ".join(_f(m["explained_variance"], 2) for m in entry["ceiling"]["per_step"]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -470,6 +552,29 @@ def quality_table(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def causal_table(data: dict) -> str:
+    causal = data["causal"]
+    steps = list(causal)
+    lines = ["| category | edit | " + " | ".join(f"{s} step{'s' if s != '1' else ''}: success / preservation"
+                                                 for s in steps) + " |", "|---|---|" + "---:|" * len(steps)]
+    for label in [k for k in causal[steps[0]] if k != "failed"]:
+        for category in causal[steps[0]][label]:
+            cells = [causal[s][label][category] for s in steps]
+            lines.append(f"| {category} | {label} | " + " | ".join(
+                f"{c['success']:.2f} / {c['preservation']:.2f} (n {c['n']})" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def cost_line(data: dict) -> str:
+    cost = data.get("base_step_cost")
+    if not cost:
+        return ""
+    return (f"\nOne UNet-stage step of the toy-base recipe (`--objective v_prediction`, batch {cost['batch']}, text "
+            f"encoders and UNet forward and backward): {cost['step_s']:.2f} s, median of {cost['steps_timed']}, "
+            f"{cost['threads']} thread(s), load average {cost['load_average_1min']:.1f} on {cost['cpu_count']} cores "
+            "(`python -m experiments.step_transfer cost`).\n")
+
+
 def markdown(data: dict) -> str:
     cfg = data["config"]
     return (f"## Step transfer: the shipped 1-step SAEs of `{data['model']}` at 1, 2 and 4 steps\n\n"
@@ -482,11 +587,18 @@ def markdown(data: dict) -> str:
             "Image quality of each setting (the world's probe on the held-out generations):\n\n" + quality_table(data)
             + "\nReconstruction over every step of the setting (EV: explained variance; dead: share of features that "
             "never fire on these vectors):\n\n" + reconstruction_table(data)
-            + "\nExplained variance at each denoising step (first / second / ...):\n\n" + per_step_table(data)
+            + "\nAt each denoising step (first / second / ...): how far the block's updates moved from the 1-step "
+            "run's on the same caption, seed and position (squared distance over the 1-step updates' variance: 0 the "
+            "same, about 2 unrelated), and the explained variance:\n\n" + per_step_table(data)
             + f"\nFeature agreement with the 1-step run (same caption, seed and position). The first step of every "
             f"setting is the 1-step call itself (agreement 1), so the columns average the steps after it; features: "
             f"those firing on >= {cfg['min_firing']} positions of the 1-step run; top-k: k = {cfg['top_k']} "
             f"positions:\n\n" + agreement_table(data)
+            + ("" if not data.get("causal") else
+               f"\nRIEBench's shapes suite with the shipped 1-step SAEs (method sae, static, k_trans {CAUSAL_K_TRANS}, "
+               f"through {', '.join(CAUSAL_BLOCKS)}), the same tasks generated and edited at 1, 2 and 4 steps "
+               "(`python -m experiments.step_transfer causal`):\n\n" + causal_table(data))
+            + cost_line(data)
             + "\nMade by `python -m experiments.step_transfer run` (then `report`).\n")
 
 
@@ -523,7 +635,12 @@ def main(argv: list[str] | None = None) -> int:
                                                    "(runs/step_transfer/base_step_cost.json, read by report)")
     cost_parser.add_argument("--threads", type=int, default=defaults.threads)
     cost_parser.set_defaults(run=cost)
-    for sub in (run_parser, report_parser, cost_parser):
+    causal_parser = commands.add_parser("causal", help="RIEBench edits with the 1-step SAEs at 1, 2 and 4 steps "
+                                                       "(resumable; read by report)")
+    causal_parser.add_argument("--threads", type=int, default=defaults.threads)
+    causal_parser.add_argument("--limit", type=int, default=CAUSAL_LIMIT, help="tasks per category")
+    causal_parser.set_defaults(run=causal)
+    for sub in (run_parser, report_parser, cost_parser, causal_parser):
         sub.add_argument("--out", default=_shown(RUN_ROOT), help="the run directory")
         sub.add_argument("--results", default=_shown(RESULTS), help="where the JSON and markdown tables go")
     args = parser.parse_args(argv)

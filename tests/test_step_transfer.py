@@ -71,3 +71,13 @@ def test_the_random_direction_floor_reconstructs_far_less_than_an_sae_that_holds
     measured = reconstruction_metrics(floor, vectors)
     assert measured["explained_variance"] < 0.6 and measured["l0"] <= k
     assert torch.equal(random_direction_sae(d_in, d_sae, k, seed=0).W_dec, floor.W_dec)  # reproducible by seed
+
+
+def test_update_drift_is_zero_for_the_same_updates_and_about_two_for_unrelated_ones():
+    from experiments.step_transfer import update_drift
+
+    generator = torch.Generator().manual_seed(0)
+    updates = torch.randn(4000, 8, generator=generator)
+    assert update_drift(updates, updates.clone()) == 0.0
+    assert update_drift(updates, torch.randn(4000, 8, generator=generator)) == pytest.approx(2.0, abs=0.1)
+    assert update_drift(updates, 1.5 * updates) == pytest.approx(0.25, abs=0.01)
