@@ -47,10 +47,24 @@ class Setting:
     steps: int
     guidance: float = 0.0
     half: str = "cond"
+    model: str = MODEL  # another model of the toy's architecture (a `toy-base` pipeline directory, `--base`)
 
     @property
     def slug(self) -> str:
-        return f"steps{self.steps}-g{self.guidance:g}-{self.half}"
+        prefix = "" if self.model == MODEL else Path(self.model).resolve().parent.name + "-"
+        return f"{prefix}steps{self.steps}-g{self.guidance:g}-{self.half}"
+
+
+def base_settings(directory: str) -> dict[str, Setting]:
+    """The multi-step base model's settings (both CFG halves at its own steps and guidance, from its recipe.json)."""
+    recipe = json.loads((Path(directory) / "recipe.json").read_text())
+    steps, guidance = int(recipe.get("sampling_steps", 1)), float(recipe.get("guidance", 0.0))
+    if recipe.get("objective", "sample") == "sample":
+        raise ValueError(f"{directory} was trained with the one-step objective; --base wants a multi-step model "
+                         "(`python -m interp.zoo train t2i --objective v_prediction`)")
+    halves = ("cond", "uncond") if guidance > 1 else ("cond",)
+    return {f"base, {steps} steps, CFG {guidance:g}, {half}": Setting(steps, guidance, half, str(directory))
+            for half in halves}
 
 
 SETTINGS = {
@@ -69,7 +83,7 @@ class RunConfig:
     eval_seed: int = 33
     n_train: int = 200           # captions of the ceiling SAEs' stores (world captions of another seed)
     train_seed: int = 3333
-    ceiling_steps: int = 120     # TopK training steps of each ceiling SAE (0.5M vectors; the shipped saw 10M)
+    ceiling_steps: int = 1000    # TopK training steps of each ceiling SAE (4M vectors; the shipped saw 10M)
     ceiling_batch: int = 4096
     ceiling_lr: float = 1e-3     # the shipped SAEs' (saes/pretrained/toy/ship.sh)
     top_k: int = 20              # positions in each feature's top-k overlap
@@ -201,7 +215,7 @@ def capture_setting(model, blocks, prompts: list[str], seeds: list[int], setting
     return {b: torch.cat(v) for b, v in parts.items()}, quality
 
 
-def _eval_updates(model, blocks, cfg: RunConfig, truth) -> dict[str, dict[str, torch.Tensor]]:
+def _eval_updates(models, blocks, cfg: RunConfig, truth) -> dict[str, dict[str, torch.Tensor]]:
     from safetensors.torch import load_file, save_file
 
     from interp.atomic import atomic_write, atomic_write_text
@@ -216,7 +230,7 @@ def _eval_updates(model, blocks, cfg: RunConfig, truth) -> dict[str, dict[str, t
         if not (path.exists() and quality_path.exists()
                 and json.loads(quality_path.read_text())["identity"] == identity):
             _log(f"capturing {cfg.n_eval} held-out generations: {name}")
-            updates, quality = capture_setting(model, blocks, prompts, seeds, setting, truth, scenes)
+            updates, quality = capture_setting(models[setting.model], blocks, prompts, seeds, setting, truth, scenes)
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda tmp: save_file({b: t.contiguous() for b, t in updates.items()}, tmp))
             atomic_write_text(quality_path, json.dumps({"identity": identity, "quality": quality}) + "\n")
@@ -230,7 +244,7 @@ def _ceiling_sae(model, blocks: list[str], block: str, setting: Setting, cfg: Ru
     from saes.sae import SAE
     from saes.train import TrainConfig, train
 
-    directory = RUN_ROOT / "ceiling" / setting.slug / block
+    directory = RUN_ROOT / "ceiling" / f"{setting.slug}-{cfg.ceiling_steps}x{cfg.ceiling_batch}" / block
     if (directory / "cfg.json").exists():
         return SAE.load(directory).eval()
     store_dir = RUN_ROOT / "stores" / setting.slug
@@ -239,7 +253,7 @@ def _ceiling_sae(model, blocks: list[str], block: str, setting: Setting, cfg: Ru
         from interp.zoo.shapes import world_prompts
 
         prompts = world_prompts(cfg.n_train, cfg.train_seed)
-        plan = CollectionPlan(model=MODEL, blocks=list(blocks), prompts=prompts,
+        plan = CollectionPlan(model=setting.model, blocks=list(blocks), prompts=prompts,
                               seeds=list(range(cfg.n_train)), steps=setting.steps, guidance=setting.guidance,
                               half=setting.half)
         collect(model, plan, store_dir, progress=False)
@@ -303,23 +317,30 @@ def run(args) -> int:
     cfg = RunConfig(n_eval=args.n_eval, n_train=args.n_train, ceiling_steps=args.ceiling_steps, threads=args.threads)
     torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
-    model = load_t2i(MODEL)
-    model.pipe.set_progress_bar_config(disable=True)
+    if args.base:
+        SETTINGS.update(base_settings(args.base))
+    models = {MODEL: load_t2i(MODEL)}
+    if args.base:
+        models[args.base] = load_t2i(args.base)
+    for loaded in models.values():
+        loaded.pipe.set_progress_bar_config(disable=True)
+    model = models[MODEL]
     shipped = load_sae_set(SAE_ROOT)
     blocks = [b for b in model.default_blocks if b in shipped]
     _log(f"step transfer on {MODEL}: blocks {', '.join(blocks)}; settings {', '.join(SETTINGS)}")
     truth = ground_truth_for(model)
-    updates = _eval_updates(model, blocks, cfg, truth)
+    updates = _eval_updates(models, blocks, cfg, truth)
     measured_dir = RUN_ROOT / "measured"
     for block in blocks:
         path = measured_dir / f"{block}.json"
-        if path.exists() and _measured_with(json.loads(path.read_text())["config"]) == _measured_with(asdict(cfg)):
+        kept = json.loads(path.read_text()) if path.exists() else None
+        if kept and _measured_with(kept["config"]) == _measured_with(asdict(cfg)) and list(kept["settings"]) == list(SETTINGS):
             _log(f"have {_shown(path)}: skipping")
             continue
         sae = shipped[block]
         saes = {"shipped": sae,
                 "random": random_direction_sae(sae.cfg.d_in, sae.cfg.d_sae, sae.cfg.k, sae.b_dec.data, cfg.random_seed),
-                "ceiling": {name: _ceiling_sae(model, blocks, block, setting, cfg, sae.cfg.d_sae, sae.cfg.k)
+                "ceiling": {name: _ceiling_sae(models[setting.model], blocks, block, setting, cfg, sae.cfg.d_sae, sae.cfg.k)
                             for name, setting in SETTINGS.items()}}
         _log(f"measuring {block}")
         with torch.no_grad():
@@ -339,7 +360,7 @@ CAUSAL_CATEGORIES = ("change colour", "change texture", "change shape")
 CAUSAL_BLOCKS = ("up_blocks.1.attentions.1", "up_blocks.1.attentions.2")  # where the toy draws shape and colour
 CAUSAL_MULTIPLIERS = (1.0, 2.0)
 CAUSAL_K_TRANS = 5
-CAUSAL_LIMIT = 8  # tasks per category
+CAUSAL_LIMIT = 20  # tasks per category
 
 
 def causal(args) -> int:
@@ -449,7 +470,9 @@ def cost(args) -> int:
 
 # ----------------------------------------------------------------------------- the report
 
-def collect_results() -> dict:
+def collect_results(base: str | None = None) -> dict:
+    if base:
+        SETTINGS.update(base_settings(base))
     cfg = None
     data = {"model": MODEL, "sae_root": str(SAE_ROOT.relative_to(REPO)), "reference": REFERENCE,
             "settings": {n: asdict(s) for n, s in SETTINGS.items()}, "quality": {}, "blocks": {}}
@@ -609,7 +632,7 @@ def report(args) -> int:
     global RUN_ROOT
     RUN_ROOT = Path(args.out).resolve()
 
-    data = collect_results()
+    data = collect_results(args.base)
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     atomic_write_text(results / "step_transfer.json", dumps(data, indent=2) + "\n")
@@ -640,6 +663,11 @@ def main(argv: list[str] | None = None) -> int:
     causal_parser.add_argument("--threads", type=int, default=defaults.threads)
     causal_parser.add_argument("--limit", type=int, default=CAUSAL_LIMIT, help="tasks per category")
     causal_parser.set_defaults(run=causal)
+    for sub in (run_parser, report_parser):
+        sub.add_argument("--base", default=None, metavar="DIR",
+                         help="also measure this multi-step model of the toy's architecture (a toy-base pipeline "
+                              "saved by `python -m interp.zoo train t2i --objective v_prediction`) at its steps and "
+                              "guidance, both CFG halves")
     for sub in (run_parser, report_parser, cost_parser, causal_parser):
         sub.add_argument("--out", default=_shown(RUN_ROOT), help="the run directory")
         sub.add_argument("--results", default=_shown(RESULTS), help="where the JSON and markdown tables go")
