@@ -8,7 +8,11 @@ guidance (both halves), on held-out captions of the shapes world.
 
     python -m experiments.step_transfer run      # resumable: each output under runs/step_transfer/ is skipped when
                                                  # it exists; progress in runs/step_transfer/log.txt
-    python -m experiments.step_transfer report   # experiments/results/step_transfer.{json,md} from runs/
+    python -m experiments.step_transfer report   # experiments/results/step_transfer.{json,md} from runs/;
+                                                 # --docs also refills docs/experiments/step-transfer.md's tables
+    python -m experiments.step_transfer causal   # RIEBench edits with the 1-step SAEs at 1, 2 and 4 steps
+    python -m experiments.step_transfer cost     # one toy-base recipe step, timed
+    python -m experiments.step_transfer run --base runs/t2i-base/pipeline   # the multi-step base model too
 
 Per block and setting: explained variance, L0 and dead fraction of the shipped SAE (per denoising step and over
 all steps), beside a ceiling (a TopK SAE of the shipped size trained on that setting's updates, on other captions)
@@ -350,6 +354,7 @@ def run(args) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, {"config": asdict(cfg), "block": block, "settings": figures}, indent=2)
     _log(f"run done in {time.perf_counter() - started:.0f} s")
+    args.docs = False
     return report(args)
 
 
@@ -544,7 +549,7 @@ def per_step_table(data: dict) -> str:
         for name, entry in settings.items():
             if len(entry["shipped"]["per_step"]) == 1:
                 continue
-            lines.append(f"| {block} | {name} | " + " / ".join(_f(d, 2) for d in data["update_drift"][block][name])
+            lines.append(f"| {block} | {name} | " + " / ".join(_f(d, 3) for d in data["update_drift"][block][name])
                          + " | " + " / ".join(_f(m["explained_variance"], 2) for m in entry["shipped"]["per_step"])
                          + " | " + " / ".join(_f(m["explained_variance"], 2) for m in entry["ceiling"]["per_step"]) + " |")
     return "\n".join(lines) + "\n"
@@ -625,6 +630,10 @@ def markdown(data: dict) -> str:
             + "\nMade by `python -m experiments.step_transfer run` (then `report`).\n")
 
 
+DOCS_PAGE = Path("docs") / "experiments" / "step-transfer.md"
+DOCS_MARKERS = ("<!-- step-transfer -->", "<!-- /step-transfer -->")
+
+
 def report(args) -> int:
     from interp.atomic import atomic_write_text
     from saes.strict_json import dumps
@@ -638,6 +647,17 @@ def report(args) -> int:
     atomic_write_text(results / "step_transfer.json", dumps(data, indent=2) + "\n")
     atomic_write_text(results / "step_transfer.md", markdown(data))
     print(f"wrote {results / 'step_transfer.json'} and {results / 'step_transfer.md'}")
+    if args.docs:  # the tables of the docs page, between its markers (the prose around them is written by hand)
+        page = REPO / DOCS_PAGE
+        text = page.read_text()
+        start, end = DOCS_MARKERS
+        if start not in text or end not in text:
+            raise ValueError(f"{DOCS_PAGE} has no {start} ... {end} block to fill")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        body = "\n".join(markdown(data).splitlines()[2:])  # without the heading
+        atomic_write_text(page, f"{head}{start}\n{body.strip()}\n{end}{tail}")
+        print(f"refilled {DOCS_PAGE}")
     return 0
 
 
@@ -653,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
                             help="training steps of each ceiling SAE")
     run_parser.set_defaults(run=run)
     report_parser = commands.add_parser("report", help="write experiments/results/step_transfer.{json,md}")
+    report_parser.add_argument("--docs", action="store_true", help=f"also refill the tables of {DOCS_PAGE}")
     report_parser.set_defaults(run=report)
     cost_parser = commands.add_parser("cost", help="time one UNet-stage step of the toy-base recipe "
                                                    "(runs/step_transfer/base_step_cost.json, read by report)")
