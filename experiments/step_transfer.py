@@ -489,6 +489,9 @@ def collect_results(base: str | None = None) -> dict:
     for path in sorted((RUN_ROOT / "measured").glob("*.json")):
         measured = json.loads(path.read_text())
         cfg = cfg or measured["config"]
+        if _measured_with(measured["config"]) != _measured_with(cfg) or list(measured["settings"]) != list(SETTINGS):
+            raise ValueError(f"{_shown(path)} was measured with other settings than the other blocks: run "
+                             "`python -m experiments.step_transfer run` to the end (it recomputes it)")
         data["blocks"][measured["block"]] = measured["settings"]
     if not data["blocks"]:
         raise FileNotFoundError("runs/step_transfer/measured/ is empty: run `python -m experiments.step_transfer run`")
