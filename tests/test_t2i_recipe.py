@@ -2,6 +2,7 @@ import argparse
 import json
 import re
 
+import numpy as np
 import pytest
 
 from interp.zoo import t2i_recipe
@@ -211,3 +212,58 @@ def test_zero_pooled_text_trains_a_model_whose_prompt_reaches_the_unet_only_by_c
     with torch.no_grad():
         _, _, pooled, _ = pipe.encode_prompt("a red circle", do_classifier_free_guidance=False)
     assert pooled.abs().max() == 0
+
+
+@pytest.mark.parametrize("objective", ["sample", "epsilon", "v_prediction"])
+def test_each_objective_targets_a_quantity_from_which_the_clean_latent_is_recovered(objective):
+    """The recipe's noised input and target: x0 comes back from them by the identity its scheduler uses."""
+    import torch
+
+    x0, noise = torch.randn(3, 4, 8, 8), torch.randn(3, 4, 8, 8)
+    alpha_bar = torch.tensor([0.9, 0.4, 0.02]).view(-1, 1, 1, 1)
+    model_input, target = t2i_recipe.noised_and_target(x0, noise, alpha_bar, objective)
+    assert torch.allclose(model_input, alpha_bar.sqrt() * x0 + (1 - alpha_bar).sqrt() * noise)
+    recovered = {"sample": lambda: target,
+                 "epsilon": lambda: (model_input - (1 - alpha_bar).sqrt() * target) / alpha_bar.sqrt(),
+                 "v_prediction": lambda: alpha_bar.sqrt() * model_input - (1 - alpha_bar).sqrt() * target}[objective]()
+    assert torch.allclose(recovered, x0, atol=1e-4)
+
+
+def test_a_base_model_recipe_saves_a_multi_step_cfg_pipeline_and_a_one_step_model_starts_from_it(tmp_path):
+    """`--objective v_prediction` (toy-base): a tiny run trains, saves a pipeline whose scheduler reads v, with its
+    sampling defaults in recipe.json, that generates at those steps with classifier-free guidance (the U-Net batch
+    holds both halves); `--init-from` starts a one-step model from its UNet and text encoders."""
+    import torch
+
+    from interp.hooks.diffusion import capture_updates
+    from interp.models import load_t2i
+
+    base = tmp_path / "base"
+    train(base, 2, "--objective", "v_prediction", "--sampling-steps", "3", "--guidance", "2")
+    recipe = json.loads((base / "pipeline" / "recipe.json").read_text())
+    assert (recipe["objective"], recipe["sampling_steps"], recipe["guidance"]) == ("v_prediction", 3, 2.0)
+    assert recipe["empty_prompt_share"] == 0.1  # prompt dropout for the unconditional half
+    scheduler = json.loads((base / "pipeline" / "scheduler" / "scheduler_config.json").read_text())
+    assert scheduler["prediction_type"] == "v_prediction"
+    assert torch.load(base / "unet.ckpt", weights_only=True)["step"] == 2
+    model = load_t2i(str(base / "pipeline"), device="cpu")
+    with capture_updates(model, ["mid_block.attentions.0"]) as cap:
+        image = model.generate("a red circle", steps=recipe["sampling_steps"], guidance=recipe["guidance"],
+                               seed=0, output_type="np")
+    assert image.shape == (1, 64, 64, 3) and np.isfinite(image).all()
+    assert cap.updates("mid_block.attentions.0", half="all").shape[:2] == (3, 2)  # 3 steps, [uncond, cond]
+
+    turbo = tmp_path / "turbo"
+    train(turbo, 0, "--init-from", str(base / "pipeline"), "--vae-from", str(base / "pipeline"))
+    for component in ("unet", "text_encoder", "text_encoder_2"):
+        started = _weights(turbo / "pipeline", component)
+        assert all(torch.equal(v, _weights(base / "pipeline", component)[k]) for k, v in started.items()), component
+    assert json.loads((turbo / "pipeline" / "scheduler" / "scheduler_config.json").read_text())[
+        "prediction_type"] == "sample"
+
+
+def test_epsilon_on_a_zero_snr_schedule_and_guidance_without_dropped_prompts_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match="use v_prediction"):
+        train(tmp_path, 2, "--objective", "epsilon")
+    with pytest.raises(SystemExit, match="needs the unconditional model"):
+        train(tmp_path, 2, "--objective", "v_prediction", "--empty-prompt-share", "0")

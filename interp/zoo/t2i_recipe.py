@@ -8,8 +8,14 @@
    move, while small shapes come out sharper (the decoder's 1000 joint steps left them blurred).
 4. Train both text encoders and the UNet together to
    predict the clean latent from a noised one and a caption whose wording is drawn anew
-   each time. Half the batches use the largest noise level, the one step of one-step
+   each time. Three quarters of the samples use the largest noise level, the one step of one-step
    generation; the rest cover every level so that several steps work too.
+   `--objective epsilon|v_prediction` trains a standard multi-step diffusion model instead, as SDXL base
+   relates to SDXL Turbo (`toy-base`): the noise or v target at a uniformly drawn level, a dropped prompt
+   (`--empty-prompt-share`, 0.1) for classifier-free guidance, and the pipeline saved with its scheduler's
+   prediction type and its sampling defaults (`--sampling-steps 30 --guidance 5`, SDXL base's) in recipe.json.
+   `--init-from DIR` starts the UNet and text encoders from a saved pipeline (e.g. `toy-base`'s), so a one-step
+   model trained from it by the default objective shares its lineage, as Turbo was distilled from base.
    (`--freeze-text-encoders` keeps them at their random initialisation, as SDXL keeps its
    CLIP encoders frozen; tried for #4, it left colour coded less linearly, see
    saes/pretrained/toy/notes.md. `--pretrain-text-encoders N` first trains them for N steps
@@ -21,6 +27,8 @@ command again resumes from the last one. `--vae-from DIR` keeps the VAE of a sav
 pipeline (steps 2-3 skipped) for a recipe change that only touches the UNet side.
 
     python -m interp.zoo train t2i --out runs/t2i --threads 2   # about 2 hours on two CPU cores
+    python -m interp.zoo train t2i --objective v_prediction --vae-from interp/zoo/weights/t2i \
+        --out runs/t2i-base --threads 2                          # toy-base (docs/experiments/step-transfer.md)
 """
 
 from __future__ import annotations
@@ -42,6 +50,9 @@ from .t2i import T2I_CONFIGS, T2IConfig, build_pipeline, build_tokenizer_files, 
 from .training import lr_at, save_checkpoint
 
 TIME_IDS = (64, 64, 0, 0, 64, 64)  # original size, crop top-left, target size: SDXL's six numbers
+# What the UNet learns to predict: the clean latent (the toy's, one-step generation), or a standard diffusion
+# model's noise or v (Salimans & Ho's velocity) at every level; each is the scheduler's `prediction_type`.
+OBJECTIVES = ("sample", "epsilon", "v_prediction")
 
 
 @dataclass
@@ -73,6 +84,10 @@ class RecipeConfig:
     text_pretrain_lr: float = 1e-3
     vae_from: str | None = None  # a saved pipeline whose VAE is kept instead of steps 2-3
     pooled_text: bool = True  # False: the pooled prompt embedding is zero throughout (`zero_pooled_text`)
+    objective: str = "sample"  # OBJECTIVES; not "sample": a multi-step model, levels drawn uniformly
+    init_from: str | None = None  # a saved pipeline whose UNet and text encoders the UNet stage starts from
+    sampling_steps: int = 1    # how the saved pipeline generates by default (recipe.json): steps ...
+    guidance: float = 0.0      # ... and classifier-free guidance (> 1: CFG, which needs empty_prompt_share > 0)
     world: str = field(default_factory=shapes.world_fingerprint)  # the shapes world it was trained on
 
 
@@ -106,7 +121,9 @@ def to_pixels(images: np.ndarray) -> torch.Tensor:
 # May change between a run and its resumption: how long the stages run, and the object weights (the embedded
 # model's run lowered the UNet's from 10 to 3 when it resumed with zero terminal SNR, keeping its VAE).
 RESUMABLE_CHANGES = ("vae_steps", "decoder_steps", "unet_steps", "checkpoint_every", "threads", "object_weight",
-                     "vae_object_weight")
+                     "vae_object_weight", "sampling_steps", "guidance")
+# Fields added after checkpoints were written: a checkpoint without one was made with this value.
+ADDED_FIELDS = {"objective": "sample", "init_from": None}
 
 
 # What the VAE stages depend on; the UNet stage depends on everything.
@@ -118,6 +135,7 @@ VAE_MODEL_FIELDS = ("image_size", "vae_channels", "latent_channels")
 def _recipe_identity(config: dict, stage: str = "unet") -> dict:
     """What must match to resume `stage`: a new UNet or scheduler setting keeps the trained VAE."""
     config = {k: v for k, v in json.loads(json.dumps(config)).items() if k not in RESUMABLE_CHANGES}
+    config = ADDED_FIELDS | config
     # a field added to the model configuration later reads as its default in a checkpoint written before it
     config["model"] = json.loads(json.dumps(asdict(T2IConfig()))) | config.get("model", {})
     if stage == "text":  # a longer pretraining resumes the shorter one; the UNet trained on that one does not
@@ -317,8 +335,8 @@ def train_unet(pipe, scenes, latents: torch.Tensor, weights: torch.Tensor, cfg: 
         log({"stage": "unet", "resumed_at": start})
     sched = pipe.scheduler
     alphas_cumprod = sched.alphas_cumprod
-    sigmas_all = ((1 - alphas_cumprod) / alphas_cumprod).sqrt()
     max_t = sched.config.num_train_timesteps - 1
+    one_step_share = cfg.one_step_share if cfg.objective == "sample" else 0.0  # a base model: every level alike
     time_ids = torch.tensor([TIME_IDS], dtype=torch.float32)
     rng = np.random.default_rng(cfg.seed + 2 + start)
     trained.train()
@@ -329,16 +347,15 @@ def train_unet(pipe, scenes, latents: torch.Tensor, weights: torch.Tensor, cfg: 
         idx = rng.integers(len(scenes), size=cfg.unet_batch)
         prompts = ["" if rng.random() < cfg.empty_prompt_share else shapes.caption(scenes[i], rng) for i in idx]
         x0 = latents[idx]
-        t = torch.from_numpy(np.where(rng.random(cfg.unet_batch) < cfg.one_step_share, max_t,
+        t = torch.from_numpy(np.where(rng.random(cfg.unet_batch) < one_step_share, max_t,
                                       rng.integers(0, max_t + 1, size=cfg.unet_batch)))
-        sigma = sigmas_all[t].view(-1, 1, 1, 1)
         noise = torch.from_numpy(rng.standard_normal(x0.shape).astype(np.float32))
-        model_input = (x0 + sigma * noise) / (sigma ** 2 + 1).sqrt()  # Euler's scale_model_input
+        model_input, target = noised_and_target(x0, noise, alphas_cumprod[t].view(-1, 1, 1, 1), cfg.objective)
         with torch.set_grad_enabled(not cfg.freeze_text_encoders):
             embeds, pooled = encode_text(pipe, prompts)
         pred = pipe.unet(model_input, t, embeds, added_cond_kwargs={
             "text_embeds": pooled, "time_ids": time_ids.expand(len(idx), -1)}).sample
-        loss = weighted_mse(pred, x0, weights[idx])
+        loss = weighted_mse(pred, target, weights[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained.parameters(), 1.0)
@@ -351,16 +368,58 @@ def train_unet(pipe, scenes, latents: torch.Tensor, weights: torch.Tensor, cfg: 
                                    "config": json.dumps(asdict(cfg), sort_keys=True)})
         if probe_every and (step + 1) % probe_every == 0:
             modules.eval()
-            scores = evaluate(pipe, n_per_count={1: 48}, seed=123, progress=False)
+            scores = evaluate(pipe, n_per_count={1: 48}, seed=123, steps=cfg.sampling_steps, guidance=cfg.guidance,
+                              progress=False)
             log({"stage": "unet", "step": step + 1, "probe": scores["1"]})
             trained.train()
     modules.eval()
 
 
+def noised_and_target(x0: torch.Tensor, noise: torch.Tensor, alpha_bar: torch.Tensor,
+                      objective: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The UNet's input at a noise level and what it learns to predict there; x0, noise (B, C, h, w), alpha_bar
+    (B, 1, 1, 1). The input is sqrt(a) x0 + sqrt(1 - a) noise, which is what Euler's scale_model_input makes of
+    x0 + sigma noise; the target is x0 (`sample`), the noise (`epsilon`) or v = sqrt(a) noise - sqrt(1 - a) x0."""
+    signal, spread = alpha_bar.sqrt(), (1 - alpha_bar).sqrt()
+    model_input = signal * x0 + spread * noise
+    if objective == "sample":
+        return model_input, x0
+    if objective == "epsilon":
+        return model_input, noise
+    if objective == "v_prediction":
+        return model_input, signal * noise - spread * x0
+    raise ValueError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+
+
+def set_objective(pipe, objective: str) -> None:
+    """The scheduler reads the UNet's output as the objective it was trained on."""
+    from diffusers import EulerDiscreteScheduler
+
+    pipe.scheduler = EulerDiscreteScheduler.from_config(pipe.scheduler.config, prediction_type=objective)
+
+
+def init_from(pipe, directory: Path) -> None:
+    """Load the UNet and both text encoders of a saved pipeline of the same sizes (float32), e.g. toy-base's, as
+    the start of the UNet stage."""
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    if not (directory / "unet" / "config.json").exists():
+        raise SystemExit(f"--init-from {directory}: no saved pipeline there (expected {directory / 'unet'})")
+    for name, cls in (("unet", UNet2DConditionModel), ("text_encoder", CLIPTextModel),
+                      ("text_encoder_2", CLIPTextModelWithProjection)):
+        kept = cls.from_pretrained(directory / name, torch_dtype=torch.float32)
+        try:
+            getattr(pipe, name).load_state_dict(kept.state_dict())
+        except RuntimeError as err:
+            raise SystemExit(f"--init-from {directory}: its {name} has other sizes than this recipe's: {err}") from None
+
+
 @torch.no_grad()
 def evaluate(pipe, n_per_count: dict[int, int], seed: int = 0, steps: int = 1, batch: int = 50,
-             progress: bool = True) -> dict:
-    """Probe accuracy of one-step generations from held-out captions (one seed each).
+             progress: bool = True, guidance: float = 0.0) -> dict:
+    """Probe accuracy of generations (`steps`, `guidance`: one step without guidance for the toy) from held-out
+    captions (one seed each).
 
     Returns {"1": {attribute: accuracy, ...}, "2": ..., "3": ...}.
     """
@@ -373,7 +432,7 @@ def evaluate(pipe, n_per_count: dict[int, int], seed: int = 0, steps: int = 1, b
         scores = []
         for i in tqdm(range(0, n, batch), desc=f"eval {n_objects} object(s)", disable=not progress, leave=False):
             gens = [torch.Generator().manual_seed(seed * 100003 + i + j) for j in range(len(captions[i:i + batch]))]
-            images = pipe(captions[i:i + batch], num_inference_steps=steps, guidance_scale=0.0, generator=gens,
+            images = pipe(captions[i:i + batch], num_inference_steps=steps, guidance_scale=guidance, generator=gens,
                           output_type="np").images
             scores += [probe.score((img * 255).round().astype(np.uint8), s) for img, s in zip(images, scenes[i:i + batch])]
         results[str(n_objects)] = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]} | {"n": n}
@@ -431,7 +490,17 @@ def main(args: argparse.Namespace) -> None:
                        checkpoint_every=args.checkpoint_every, object_weight=args.object_weight,
                        freeze_text_encoders=args.freeze_text_encoders or args.pretrain_text_encoders > 0,
                        text_pretrain_steps=args.pretrain_text_encoders, vae_from=args.vae_from,
-                       pooled_text=not args.zero_pooled_text)
+                       pooled_text=not args.zero_pooled_text, objective=args.objective, init_from=args.init_from,
+                       empty_prompt_share=(args.empty_prompt_share if args.empty_prompt_share is not None else
+                                           RecipeConfig.empty_prompt_share if args.objective == "sample" else 0.1),
+                       sampling_steps=args.sampling_steps or (1 if args.objective == "sample" else 30),
+                       guidance=args.guidance if args.guidance is not None else (0.0 if args.objective == "sample" else 5.0))
+    if cfg.objective == "epsilon" and cfg.model.zero_terminal_snr:
+        # at zero terminal SNR the noisiest input is the noise itself: predicting it says nothing of the image
+        raise SystemExit("--objective epsilon cannot learn the zero-SNR level of this schedule: use v_prediction "
+                         "(Lin et al. 2024, 'Common diffusion noise schedules and sample steps are flawed')")
+    if cfg.guidance > 1 and cfg.empty_prompt_share <= 0:
+        raise SystemExit(f"--guidance {cfg.guidance:g} needs the unconditional model: --empty-prompt-share > 0")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(args.out)
@@ -447,6 +516,7 @@ def main(args: argparse.Namespace) -> None:
     build_tokenizer_files(out / "tokenizer", cfg.model.max_tokens)
     pipe = build_pipeline(cfg.model, out / "tokenizer")
     pipe.set_progress_bar_config(disable=True)
+    set_objective(pipe, cfg.objective)
     scenes, images, masks = render_dataset(cfg)
     if cfg.vae_from:
         keep_vae(pipe, Path(cfg.vae_from))
@@ -459,6 +529,8 @@ def main(args: argparse.Namespace) -> None:
     latents = latents * pipe.vae.config.scaling_factor
     weights = loss_weights(masks, latents.shape[-1], cfg.object_weight)
     del images, masks
+    if cfg.init_from:
+        init_from(pipe, Path(cfg.init_from))
     if cfg.text_pretrain_steps:
         pretrain_text_encoders(pipe, scenes, latents, cfg, out, log)
     train_unet(pipe, scenes, latents, weights, cfg, out, log, probe_every=args.probe_every)
@@ -498,5 +570,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "zero and frozen, so the UNet reads the prompt through its cross-attention blocks alone")
     parser.add_argument("--vae-from", default=None, metavar="DIR",
                         help="keep the VAE of this saved pipeline (e.g. interp/zoo/weights/t2i) and train the UNet only")
+    parser.add_argument("--objective", default="sample", choices=OBJECTIVES,
+                        help="sample: predict the clean latent, weighted to the one-step level (the toy, as SDXL "
+                             "Turbo); epsilon / v_prediction: a standard multi-step diffusion model (toy-base, as SDXL "
+                             "base; epsilon needs a schedule without zero terminal SNR)")
+    parser.add_argument("--empty-prompt-share", type=float, default=None,
+                        help="share of samples trained with the empty prompt, for classifier-free guidance "
+                             "(default 0.05 for sample, 0.1 otherwise)")
+    parser.add_argument("--sampling-steps", type=int, default=None,
+                        help="the saved pipeline's default steps, in recipe.json (default 1 for sample, 30 otherwise)")
+    parser.add_argument("--guidance", type=float, default=None,
+                        help="the saved pipeline's default guidance, in recipe.json (default 0 for sample, 5 otherwise)")
+    parser.add_argument("--init-from", default=None, metavar="DIR",
+                        help="start the UNet and text encoders from this saved pipeline of the same sizes (e.g. "
+                             "toy-base's, to train the one-step model of its lineage)")
     parser.add_argument("--object-weight", type=float, default=RecipeConfig.object_weight,
                         help="extra loss weight on object pixels (lower it late in training)")

@@ -1,0 +1,703 @@
+"""Do SAEs trained on one-step block updates work at more steps? (issue 33, part a)
+
+The RIEBench paper claims that SAEs trained on SDXL Turbo's 1-step block updates generalise to 4-step Turbo and
+to the multi-step SDXL base model without retraining. This measures the first half on the embedded `toy` (which
+predicts the clean latent, so it runs at any number of steps of its Euler scheduler): the shipped 1-step SAEs
+(`saes/pretrained/toy`) applied to the toy's block updates at 1, 2 and 4 steps, and at 4 steps with classifier-free
+guidance (both halves), on held-out captions of the shapes world.
+
+    python -m experiments.step_transfer run      # resumable: each output under runs/step_transfer/ is skipped when
+                                                 # it exists; progress in runs/step_transfer/log.txt
+    python -m experiments.step_transfer report   # experiments/results/step_transfer.{json,md} from runs/;
+                                                 # --docs also refills docs/experiments/step-transfer.md's tables
+    python -m experiments.step_transfer causal   # RIEBench edits with the 1-step SAEs at 1, 2 and 4 steps
+    python -m experiments.step_transfer cost     # one toy-base recipe step, timed
+    python -m experiments.step_transfer run --base runs/t2i-base/pipeline   # the multi-step base model too
+
+Per block and setting: explained variance, L0 and dead fraction of the shipped SAE (per denoising step and over
+all steps), beside a ceiling (a TopK SAE of the shipped size trained on that setting's updates, on other captions)
+and a floor (a random-direction SAE of the same size and k); and feature agreement: each feature's activation on
+the same caption, seed and position at a step of the setting against the 1-step run (Pearson correlation, top-k
+overlap, and the overlap of the active sets). The first call of a multi-step generation has exactly the 1-step
+call's input (the same noise at t = 999), so its agreement is 1 by construction; the steps after it are the test.
+The random SAE's agreement is the floor there: how much agreement the updates' own similarity gives any dictionary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "experiments" / "results"
+RUN_ROOT = REPO / "runs" / "step_transfer"
+MODEL = "toy"
+SAE_ROOT = REPO / "saes" / "pretrained" / "toy"
+REFERENCE = "1 step"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How the toy generates: steps of its Euler scheduler, guidance (> 1: a CFG batch [uncond, cond]) and which
+    half of the U-Net batch is measured."""
+
+    steps: int
+    guidance: float = 0.0
+    half: str = "cond"
+    model: str = MODEL  # another model of the toy's architecture (a `toy-base` pipeline directory, `--base`)
+
+    @property
+    def slug(self) -> str:
+        prefix = "" if self.model == MODEL else Path(self.model).resolve().parent.name + "-"
+        return f"{prefix}steps{self.steps}-g{self.guidance:g}-{self.half}"
+
+
+def base_settings(directory: str) -> dict[str, Setting]:
+    """The multi-step base model's settings (both CFG halves at its own steps and guidance, from its recipe.json)."""
+    recipe = json.loads((Path(directory) / "recipe.json").read_text())
+    steps, guidance = int(recipe.get("sampling_steps", 1)), float(recipe.get("guidance", 0.0))
+    if recipe.get("objective", "sample") == "sample":
+        raise ValueError(f"{directory} was trained with the one-step objective; --base wants a multi-step model "
+                         "(`python -m interp.zoo train t2i --objective v_prediction`)")
+    halves = ("cond", "uncond") if guidance > 1 else ("cond",)
+    return {f"base, {steps} steps, CFG {guidance:g}, {half}": Setting(steps, guidance, half, str(directory))
+            for half in halves}
+
+
+SETTINGS = {
+    "1 step": Setting(1),
+    "2 steps": Setting(2),
+    "4 steps": Setting(4),
+    # the toy's default is no guidance (as SDXL Turbo's); SDXL base's default guidance is 5
+    "4 steps, CFG 5, cond": Setting(4, 5.0, "cond"),
+    "4 steps, CFG 5, uncond": Setting(4, 5.0, "uncond"),
+}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    n_eval: int = 200            # held-out captions (the world's held-out split), one seed each
+    eval_seed: int = 33
+    n_train: int = 200           # captions of the ceiling SAEs' stores (world captions of another seed)
+    train_seed: int = 3333
+    ceiling_steps: int = 1000    # TopK training steps of each ceiling SAE (4M vectors; the shipped saw 10M)
+    ceiling_batch: int = 4096
+    ceiling_lr: float = 1e-3     # the shipped SAEs' (saes/pretrained/toy/ship.sh)
+    top_k: int = 20              # positions in each feature's top-k overlap
+    min_firing: int = 20         # a feature is compared when it fires at least this often in the 1-step run
+    random_seed: int = 0
+    threads: int = 1             # the cores are shared: two threads on an oversubscribed machine run far slower
+
+
+# ----------------------------------------------------------------------------- measuring functions
+
+def random_direction_sae(d_in: int, d_sae: int, k: int, b_dec: torch.Tensor | None = None, seed: int = 0):
+    """The floor: a TopK SAE whose d_sae decoder directions are random unit vectors, encoder = decoder transposed
+    (each latent reads its own direction), b_dec the given centre (e.g. the trained SAE's), k as the trained one."""
+    from saes.sae import SAE, SAEConfig
+
+    generator = torch.Generator().manual_seed(seed)
+    directions = torch.randn(d_sae, d_in, generator=generator)
+    directions = directions / directions.norm(dim=1, keepdim=True)
+    sae = SAE(SAEConfig("topk", d_in, d_sae, k=k, metadata={"random_directions_seed": seed}))
+    sae.W_dec.data.copy_(directions)
+    sae.W_enc.data.copy_(directions.T)
+    if b_dec is not None:
+        sae.b_dec.data.copy_(b_dec.float())
+    return sae.eval()
+
+
+def position_vectors(updates: torch.Tensor) -> torch.Tensor:
+    """(n, C, H, W) block updates -> (n * H * W, C) vectors, image-major then row-major positions, so that the same
+    row of two settings' vectors is the same image and position."""
+    return updates.float().permute(0, 2, 3, 1).reshape(-1, updates.shape[1])
+
+
+def reconstruction_metrics(sae, vectors: torch.Tensor, batch: int = 8192) -> dict:
+    """Explained variance, L0, dead fraction (features that never fire on `vectors`) through saes.evaluate."""
+    from saes.evaluate import evaluate
+
+    result = evaluate(sae, (vectors[i:i + batch] for i in range(0, len(vectors), batch)))
+    return {k: result[k] for k in ("tokens", "explained_variance", "l0", "dead_fraction")}
+
+
+def _pearson_columns(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per column of (n, f) tensors: Pearson correlation; 0 where either column is constant."""
+    a = a.double() - a.double().mean(0)
+    b = b.double() - b.double().mean(0)
+    denominator = (a.pow(2).sum(0) * b.pow(2).sum(0)).sqrt()
+    return torch.where(denominator > 0, (a * b).sum(0) / denominator.clamp_min(1e-300), torch.zeros_like(denominator))
+
+
+def feature_agreement(reference: torch.Tensor, other: torch.Tensor, top_k: int = 20, min_firing: int = 20) -> dict:
+    """How the same features fire on paired rows (the same image and position) of two runs.
+
+    reference, other: (n, d_sae) latents, row i of both the same image and position. Over the features that fire on
+    at least `min_firing` rows of the reference: `correlation`, the mean Pearson correlation of a feature's
+    activations (0 for a feature silent in `other`); `top_k_overlap`, the mean share of a feature's top_k rows in the
+    reference that are among its top_k firing rows in `other`. `active_jaccard`: per row where either fires, |A & B|
+    / |A | B| of the two sets of active features, averaged."""
+    if reference.shape != other.shape or reference.ndim != 2:
+        raise ValueError(f"paired latents must have one (n, d_sae) shape, got {tuple(reference.shape)} and "
+                         f"{tuple(other.shape)}")
+    if not 0 < top_k <= min_firing:
+        raise ValueError(f"top_k must be between 1 and min_firing ({min_firing}), got {top_k}")
+    compared = ((reference > 0).sum(0) >= min_firing).nonzero().flatten()
+    active_a, active_b = reference > 0, other > 0
+    union = (active_a | active_b).sum(1)
+    jaccard = ((active_a & active_b).sum(1)[union > 0].double() / union[union > 0].double())
+    result = {"features_compared": int(len(compared)),
+              "active_jaccard": float(jaccard.mean()) if len(jaccard) else None}
+    if not len(compared):
+        return result | {"correlation": None, "correlation_median": None, "top_k_overlap": None}
+    a, b = reference[:, compared], other[:, compared]
+    correlation = _pearson_columns(a, b)
+    top_a = a.topk(top_k, dim=0).indices  # (top_k, f): every compared feature fires on >= top_k rows
+    top_b_values, top_b = b.topk(top_k, dim=0)
+    overlaps = []
+    for f in range(a.shape[1]):
+        firing_b = set(top_b[:, f][top_b_values[:, f] > 0].tolist())  # rows where it does not fire are no match
+        overlaps.append(len(set(top_a[:, f].tolist()) & firing_b) / top_k)
+    return result | {"correlation": float(correlation.mean()), "correlation_median": float(correlation.median()),
+                     "top_k_overlap": float(np.mean(overlaps))}
+
+
+def update_drift(reference: torch.Tensor, other: torch.Tensor) -> float:
+    """How far a block's updates moved from the reference run's, on paired rows: sum ||other - reference||^2 over
+    the reference's total variance sum ||reference - mean||^2 (0: the same updates; 1: as far as the updates spread;
+    about 2 for unrelated updates of the same spread). reference, other: (n, d) paired vectors."""
+    reference, other = reference.double(), other.double()
+    spread = (reference - reference.mean(0)).pow(2).sum()
+    return float((other - reference).pow(2).sum() / spread.clamp_min(1e-300))
+
+
+# ----------------------------------------------------------------------------- the run
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def _log(message: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} {message}"
+    print(line, flush=True)
+    RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(RUN_ROOT / "log.txt", "a") as log:
+        log.write(line + "\n")
+
+
+def held_out_prompts(truth, n: int, seed: int) -> tuple[list[str], list]:
+    """n captions of the world's held-out split (attribute combinations the toy's recipe never rendered), with
+    their scenes."""
+    rng = np.random.default_rng(seed)
+    scenes = [truth.held_out_scene(rng) for _ in range(n)]
+    return [truth.caption(s) for s in scenes], scenes
+
+
+def capture_setting(model, blocks, prompts: list[str], seeds: list[int], setting: Setting, truth, scenes,
+                    batch: int = 20) -> tuple[dict[str, torch.Tensor], dict]:
+    """{block: (n, steps, C, H, W) fp16} updates of one setting's half, and the probe's reading of its images."""
+    from interp.hooks.diffusion import capture_updates
+
+    parts = {b: [] for b in blocks}
+    scores = []
+    probe = truth.probe()
+    for i in range(0, len(prompts), batch):
+        with capture_updates(model, blocks, device="cpu") as cap:
+            images = model.generate(prompts[i:i + batch], steps=setting.steps, seed=seeds[i:i + batch],
+                                    guidance=setting.guidance, output_type="np")
+        for b in blocks:
+            parts[b].append(cap.updates(b, setting.half).transpose(0, 1).to(torch.float16))
+        scores += [probe.score((img * 255).round().astype(np.uint8), s) for img, s in zip(images, scenes[i:i + batch])]
+    quality = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
+    return {b: torch.cat(v) for b, v in parts.items()}, quality
+
+
+def _eval_updates(models, blocks, cfg: RunConfig, truth) -> dict[str, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file, save_file
+
+    from interp.atomic import atomic_write, atomic_write_text
+
+    prompts, scenes = held_out_prompts(truth, cfg.n_eval, cfg.eval_seed)
+    seeds = list(range(cfg.eval_seed * 1000, cfg.eval_seed * 1000 + cfg.n_eval))
+    out = {}
+    for name, setting in SETTINGS.items():
+        path = RUN_ROOT / "eval" / f"{setting.slug}.safetensors"
+        quality_path = path.with_suffix(".json")
+        identity = {"prompts": prompts, "seeds": seeds, "setting": asdict(setting), "blocks": list(blocks)}
+        if not (path.exists() and quality_path.exists()
+                and json.loads(quality_path.read_text())["identity"] == identity):
+            _log(f"capturing {cfg.n_eval} held-out generations: {name}")
+            updates, quality = capture_setting(models[setting.model], blocks, prompts, seeds, setting, truth, scenes)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda tmp: save_file({b: t.contiguous() for b, t in updates.items()}, tmp))
+            atomic_write_text(quality_path, json.dumps({"identity": identity, "quality": quality}) + "\n")
+        out[name] = load_file(str(path))
+    return out
+
+
+def _ceiling_sae(model, blocks: list[str], block: str, setting: Setting, cfg: RunConfig, d_sae: int, k: int):
+    """A TopK SAE of the shipped size trained on this setting's updates (pooled over steps): the ceiling."""
+    from interp.store import ActivationStore, CollectionPlan, collect
+    from saes.sae import SAE
+    from saes.train import TrainConfig, train
+
+    directory = RUN_ROOT / "ceiling" / f"{setting.slug}-{cfg.ceiling_steps}x{cfg.ceiling_batch}" / block
+    if (directory / "cfg.json").exists():
+        return SAE.load(directory).eval()
+    store_dir = RUN_ROOT / "stores" / setting.slug
+    if not (store_dir / "manifest.json").exists():
+        _log(f"collecting {cfg.n_train} training generations for the ceiling SAEs: {setting.slug}")
+        from interp.zoo.shapes import world_prompts
+
+        prompts = world_prompts(cfg.n_train, cfg.train_seed)
+        plan = CollectionPlan(model=setting.model, blocks=list(blocks), prompts=prompts,
+                              seeds=list(range(cfg.n_train)), steps=setting.steps, guidance=setting.guidance,
+                              half=setting.half)
+        collect(model, plan, store_dir, progress=False)
+    store = ActivationStore(store_dir)
+
+    def passes():
+        epoch = 0
+        while True:  # the trainer stops at total_tokens; each pass reshuffles
+            n = 0
+            for batch in store.batches(block, cfg.ceiling_batch, seed=epoch):
+                n += 1
+                yield batch
+            if n == 0:
+                raise ValueError(f"{_shown(store_dir)} holds no vectors of {block}")
+            epoch += 1
+
+    _log(f"training the ceiling SAE: {setting.slug} {block} ({cfg.ceiling_steps} steps of {cfg.ceiling_batch})")
+    config = TrainConfig(architecture="topk", d_in=store.channels(block), d_sae=d_sae, k=k,
+                         batch_size=cfg.ceiling_batch, lr=cfg.ceiling_lr,
+                         total_tokens=cfg.ceiling_steps * cfg.ceiling_batch, dead_after_tokens=500_000,
+                         log_every_steps=100, checkpoint_every_steps=500,
+                         metadata={"hook_name": block, "model_name": MODEL, "store": _shown(store_dir)})
+    return train(config, passes(), directory, progress=False).eval()
+
+
+def _measure_block(block: str, saes: dict, updates: dict[str, torch.Tensor], cfg: RunConfig) -> dict:
+    """Every figure of one block: per setting, per SAE kind, reconstruction (all steps and per step) and, for the
+    shipped and random SAEs, agreement per step with the 1-step run."""
+    reference = position_vectors(updates[REFERENCE][:, 0])
+    reference_latents = {kind: saes[kind].encode(reference) for kind in ("shipped", "random")}
+    out = {}
+    for name, setting_updates in updates.items():
+        steps = setting_updates.shape[1]
+        entry = {}
+        for kind in ("shipped", "ceiling", "random"):
+            sae = saes[kind][name] if kind == "ceiling" else saes[kind]
+            pooled = position_vectors(setting_updates.transpose(0, 1).reshape(-1, *setting_updates.shape[2:]))
+            entry[kind] = {"all_steps": reconstruction_metrics(sae, pooled),
+                           "per_step": [reconstruction_metrics(sae, position_vectors(setting_updates[:, s]))
+                                        for s in range(steps)]}
+            if kind != "ceiling":
+                entry[kind]["agreement_per_step"] = [
+                    feature_agreement(reference_latents[kind], sae.encode(position_vectors(setting_updates[:, s])),
+                                      cfg.top_k, cfg.min_firing) for s in range(steps)]
+        out[name] = entry
+    return out
+
+
+def _measured_with(config: dict) -> dict:
+    """What a block's figures depend on (not how many threads computed them)."""
+    return {k: v for k, v in config.items() if k != "threads"}
+
+
+def run(args) -> int:
+    from interp.ground_truth import ground_truth_for
+    from interp.models.t2i import load_t2i
+    from saes.sae import load_sae_set
+
+    global RUN_ROOT
+    RUN_ROOT = Path(args.out).resolve()
+    cfg = RunConfig(n_eval=args.n_eval, n_train=args.n_train, ceiling_steps=args.ceiling_steps, threads=args.threads)
+    torch.set_num_threads(cfg.threads)
+    started = time.perf_counter()
+    if args.base:
+        SETTINGS.update(base_settings(args.base))
+    models = {MODEL: load_t2i(MODEL)}
+    if args.base:
+        models[args.base] = load_t2i(args.base)
+    for loaded in models.values():
+        loaded.pipe.set_progress_bar_config(disable=True)
+    model = models[MODEL]
+    shipped = load_sae_set(SAE_ROOT)
+    blocks = [b for b in model.default_blocks if b in shipped]
+    _log(f"step transfer on {MODEL}: blocks {', '.join(blocks)}; settings {', '.join(SETTINGS)}")
+    truth = ground_truth_for(model)
+    updates = _eval_updates(models, blocks, cfg, truth)
+    measured_dir = RUN_ROOT / "measured"
+    for block in blocks:
+        path = measured_dir / f"{block}.json"
+        kept = json.loads(path.read_text()) if path.exists() else None
+        if kept and _measured_with(kept["config"]) == _measured_with(asdict(cfg)) and list(kept["settings"]) == list(SETTINGS):
+            _log(f"have {_shown(path)}: skipping")
+            continue
+        sae = shipped[block]
+        saes = {"shipped": sae,
+                "random": random_direction_sae(sae.cfg.d_in, sae.cfg.d_sae, sae.cfg.k, sae.b_dec.data, cfg.random_seed),
+                "ceiling": {name: _ceiling_sae(models[setting.model], blocks, block, setting, cfg, sae.cfg.d_sae, sae.cfg.k)
+                            for name, setting in SETTINGS.items()}}
+        _log(f"measuring {block}")
+        with torch.no_grad():
+            figures = _measure_block(block, saes, {name: updates[name][block] for name in SETTINGS}, cfg)
+        from saes.strict_json import write_json
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, {"config": asdict(cfg), "block": block, "settings": figures}, indent=2)
+    _log(f"run done in {time.perf_counter() - started:.0f} s")
+    args.docs = False
+    return report(args)
+
+
+# ----------------------------------------------------------------------------- the causal side
+
+CAUSAL_STEPS = (1, 2, 4)
+CAUSAL_CATEGORIES = ("change colour", "change texture", "change shape")
+CAUSAL_BLOCKS = ("up_blocks.1.attentions.1", "up_blocks.1.attentions.2")  # where the toy draws shape and colour
+CAUSAL_MULTIPLIERS = (1.0, 2.0)
+CAUSAL_K_TRANS = 5
+CAUSAL_LIMIT = 20  # tasks per category
+
+
+def causal(args) -> int:
+    """RIEBench's shapes suite with the shipped 1-step SAEs (the sae method, static, through the blocks that draw
+    shape and colour) at 1, 2 and 4 steps: the same tasks, the same edit rule, applied at every step."""
+    from riebench.methods import MethodConfig
+    from riebench.runner import Runner, RunConfig as BenchConfig
+
+    global RUN_ROOT
+    RUN_ROOT = Path(args.out).resolve()
+    torch.set_num_threads(args.threads)
+    configs = [MethodConfig("sae", k_trans=CAUSAL_K_TRANS, multiplier=m, blocks=list(CAUSAL_BLOCKS))
+               for m in CAUSAL_MULTIPLIERS]
+    model = None
+    for steps in CAUSAL_STEPS:
+        _log(f"RIEBench with the 1-step SAEs at {steps} step(s): {', '.join(CAUSAL_CATEGORIES)}, "
+             f"{args.limit} tasks each")
+        bench = BenchConfig(model=MODEL, categories=list(CAUSAL_CATEGORIES), limit_per_category=args.limit,
+                            saes=str(SAE_ROOT), steps=steps, configs=configs)
+        runner = Runner(bench, RUN_ROOT / "riebench" / f"steps{steps}", model=model, progress=False)
+        model = runner.model
+        print(runner.run())
+    return 0
+
+
+def causal_results() -> dict | None:
+    """{steps: {config label: {category: {success, preservation, n}}}} from the causal runs, or None."""
+    from riebench.runner import load_results
+
+    out = {}
+    for steps in CAUSAL_STEPS:
+        done, failed = load_results(RUN_ROOT / "riebench" / f"steps{steps}")
+        if not done:
+            return None
+        table = {}
+        for result in done:
+            cell = table.setdefault(result["label"] + f", m {result['config']['multiplier']:g}", {}).setdefault(
+                result["category"], {"success": [], "preservation": []})
+            for key in ("success", "preservation"):
+                cell[key].append(float(result["metrics"][key]))
+        out[str(steps)] = {label: {category: {"success": float(np.mean(v["success"])),
+                                              "preservation": float(np.mean(v["preservation"])), "n": len(v["success"])}
+                                   for category, v in sorted(categories.items())}
+                           for label, categories in sorted(table.items())}
+        out[str(steps)]["failed"] = len(failed)
+    return out
+
+
+# ----------------------------------------------------------------------------- toy-base's cost
+
+def base_step_seconds(steps: int = 4, batch: int = 32, threads: int = 1) -> dict:
+    """Seconds of one UNet-stage step of the toy-base recipe (`--objective v_prediction`, the v1 sizes, batch 32):
+    text encoders and UNet forward and backward, the recipe's own noising, target and loss. Median of `steps` after
+    a warm-up step; the machine's load average is recorded beside it (the cores are shared)."""
+    import os
+    import tempfile
+
+    from interp.zoo import shapes
+    from interp.zoo.t2i import build_pipeline, build_tokenizer_files
+    from interp.zoo.t2i_recipe import (TIME_IDS, RecipeConfig, encode_text, noised_and_target, set_objective,
+                                       weighted_mse)
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = RecipeConfig(objective="v_prediction", unet_batch=batch)
+    with tempfile.TemporaryDirectory() as tokenizer_dir:
+        build_tokenizer_files(Path(tokenizer_dir), cfg.model.max_tokens)
+        pipe = build_pipeline(cfg.model, Path(tokenizer_dir))
+    set_objective(pipe, cfg.objective)
+    modules = torch.nn.ModuleList([pipe.unet, pipe.text_encoder, pipe.text_encoder_2]).train()
+    opt = torch.optim.AdamW(modules.parameters(), lr=cfg.unet_lr)
+    rng = np.random.default_rng(0)
+    latent = cfg.model.image_size // 2 ** (len(cfg.model.vae_channels) - 1)
+    times = []
+    for i in range(steps + 1):
+        start = time.perf_counter()
+        prompts = shapes.world_prompts(batch, seed=i)
+        x0 = torch.randn(batch, cfg.model.latent_channels, latent, latent)
+        t = torch.from_numpy(rng.integers(0, 1000, size=batch))
+        model_input, target = noised_and_target(x0, torch.randn_like(x0),
+                                                pipe.scheduler.alphas_cumprod[t].view(-1, 1, 1, 1), cfg.objective)
+        embeds, pooled = encode_text(pipe, prompts)
+        pred = pipe.unet(model_input, t, embeds, added_cond_kwargs={
+            "text_embeds": pooled, "time_ids": torch.tensor([TIME_IDS], dtype=torch.float32).expand(batch, -1)}).sample
+        loss = weighted_mse(pred, target, torch.ones(batch, 1, latent, latent))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(modules.parameters(), 1.0)
+        opt.step()
+        if i:
+            times.append(time.perf_counter() - start)
+    return {"step_s": float(np.median(times)), "steps_timed": steps, "batch": batch, "threads": threads,
+            "load_average_1min": os.getloadavg()[0], "cpu_count": os.cpu_count()}
+
+
+def cost(args) -> int:
+    from interp.atomic import atomic_write_text
+
+    global RUN_ROOT
+    RUN_ROOT = Path(args.out).resolve()
+    measured = base_step_seconds(threads=args.threads)
+    RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(RUN_ROOT / "base_step_cost.json", json.dumps(measured, indent=2) + "\n")
+    print(json.dumps(measured, indent=2))
+    return 0
+
+
+# ----------------------------------------------------------------------------- the report
+
+def collect_results(base: str | None = None) -> dict:
+    if base:
+        SETTINGS.update(base_settings(base))
+    cfg = None
+    data = {"model": MODEL, "sae_root": str(SAE_ROOT.relative_to(REPO)), "reference": REFERENCE,
+            "settings": {n: asdict(s) for n, s in SETTINGS.items()}, "quality": {}, "blocks": {}}
+    for name, setting in SETTINGS.items():
+        path = RUN_ROOT / "eval" / f"{setting.slug}.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{_shown(path)} is missing: run `python -m experiments.step_transfer run`")
+        data["quality"][name] = json.loads(path.read_text())["quality"]
+    for path in sorted((RUN_ROOT / "measured").glob("*.json")):
+        measured = json.loads(path.read_text())
+        cfg = cfg or measured["config"]
+        if _measured_with(measured["config"]) != _measured_with(cfg) or list(measured["settings"]) != list(SETTINGS):
+            raise ValueError(f"{_shown(path)} was measured with other settings than the other blocks: run "
+                             "`python -m experiments.step_transfer run` to the end (it recomputes it)")
+        data["blocks"][measured["block"]] = measured["settings"]
+    if not data["blocks"]:
+        raise FileNotFoundError("runs/step_transfer/measured/ is empty: run `python -m experiments.step_transfer run`")
+    data["config"] = cfg
+    data["scheduler"] = _scheduler_note()
+    data["update_drift"] = _drifts(data["blocks"])
+    cost_path = RUN_ROOT / "base_step_cost.json"
+    data["base_step_cost"] = json.loads(cost_path.read_text()) if cost_path.exists() else None
+    data["causal"] = causal_results()
+    return data
+
+
+def _drifts(blocks) -> dict:
+    """{block: {setting: [drift of each step's updates from the 1-step run's]}} from the captured updates."""
+    from safetensors.torch import load_file
+
+    updates = {name: load_file(str(RUN_ROOT / "eval" / f"{setting.slug}.safetensors")) for name, setting in SETTINGS.items()}
+    out = {}
+    for block in blocks:
+        reference = position_vectors(updates[REFERENCE][block][:, 0])
+        out[block] = {name: [update_drift(reference, position_vectors(u[block][:, s])) for s in range(u[block].shape[1])]
+                      for name, u in updates.items()}
+    return out
+
+
+def _scheduler_note() -> dict:
+    config = json.loads((REPO / "interp" / "zoo" / "weights" / "t2i" / "scheduler" / "scheduler_config.json").read_text())
+    return {k: config[k] for k in ("_class_name", "prediction_type", "timestep_spacing", "rescale_betas_zero_snr")}
+
+
+def _f(value, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _later_steps(entry: dict, key: str) -> float | None:
+    """The mean over the steps after the first (the first is the 1-step call itself) of an agreement figure."""
+    values = [a[key] for a in entry["agreement_per_step"][1:] if a[key] is not None]
+    return float(np.mean(values)) if values else None
+
+
+def reconstruction_table(data: dict) -> str:
+    lines = ["| block | setting | EV shipped | EV ceiling | EV random | L0 shipped | dead shipped | dead ceiling |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for block, settings in data["blocks"].items():
+        for name, entry in settings.items():
+            s, c, r = (entry[k]["all_steps"] for k in ("shipped", "ceiling", "random"))
+            lines.append(f"| {block} | {name} | {_f(s['explained_variance'])} | {_f(c['explained_variance'])} | "
+                         f"{_f(r['explained_variance'])} | {s['l0']:.2f} | {s['dead_fraction']:.2f} | "
+                         f"{c['dead_fraction']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def per_step_table(data: dict) -> str:
+    """EV of the shipped SAE and of the ceiling at each step of each multi-step setting."""
+    lines = ["| block | setting | update drift from 1 step, by step | EV shipped by step | EV ceiling by step |",
+             "|---|---|---|---|---|"]
+    for block, settings in data["blocks"].items():
+        for name, entry in settings.items():
+            if len(entry["shipped"]["per_step"]) == 1:
+                continue
+            lines.append(f"| {block} | {name} | " + " / ".join(_f(d, 3) for d in data["update_drift"][block][name])
+                         + " | " + " / ".join(_f(m["explained_variance"], 2) for m in entry["shipped"]["per_step"])
+                         + " | " + " / ".join(_f(m["explained_variance"], 2) for m in entry["ceiling"]["per_step"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def agreement_table(data: dict) -> str:
+    lines = ["| block | setting | correlation (last step) | shipped: correlation, steps > 1 | random | "
+             "top-k overlap, steps > 1 | random | active-set Jaccard, steps > 1 | random | features |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for block, settings in data["blocks"].items():
+        for name, entry in settings.items():
+            if name == REFERENCE:
+                continue
+            s, r = entry["shipped"], entry["random"]
+            lines.append(f"| {block} | {name} | {_f(s['agreement_per_step'][-1]['correlation'])} | "
+                         f"{_f(_later_steps(s, 'correlation'))} | {_f(_later_steps(r, 'correlation'))} | "
+                         f"{_f(_later_steps(s, 'top_k_overlap'))} | {_f(_later_steps(r, 'top_k_overlap'))} | "
+                         f"{_f(_later_steps(s, 'active_jaccard'))} | {_f(_later_steps(r, 'active_jaccard'))} | "
+                         f"{s['agreement_per_step'][0]['features_compared']} |")
+    return "\n".join(lines) + "\n"
+
+
+def quality_table(data: dict) -> str:
+    columns = ("background", "shape", "colour", "size", "texture", "position", "all")
+    lines = ["| setting | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for name, quality in data["quality"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{quality[c]:.2f}" for c in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def causal_table(data: dict) -> str:
+    causal = data["causal"]
+    steps = list(causal)
+    lines = ["| category | edit | " + " | ".join(f"{s} step{'s' if s != '1' else ''}: success / preservation"
+                                                 for s in steps) + " |", "|---|---|" + "---:|" * len(steps)]
+    for label in [k for k in causal[steps[0]] if k != "failed"]:
+        for category in causal[steps[0]][label]:
+            cells = [causal[s][label][category] for s in steps]
+            lines.append(f"| {category} | {label} | " + " | ".join(
+                f"{c['success']:.2f} / {c['preservation']:.2f} (n {c['n']})" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def cost_line(data: dict) -> str:
+    cost = data.get("base_step_cost")
+    if not cost:
+        return ""
+    return (f"\nOne UNet-stage step of the toy-base recipe (`--objective v_prediction`, batch {cost['batch']}, text "
+            f"encoders and UNet forward and backward): {cost['step_s']:.2f} s, median of {cost['steps_timed']}, "
+            f"{cost['threads']} thread(s), load average {cost['load_average_1min']:.1f} on {cost['cpu_count']} cores "
+            "(`python -m experiments.step_transfer cost`).\n")
+
+
+def markdown(data: dict) -> str:
+    cfg = data["config"]
+    return (f"## Step transfer: the shipped 1-step SAEs of `{data['model']}` at 1, 2 and 4 steps\n\n"
+            f"Scheduler: {data['scheduler']['_class_name']} ({data['scheduler']['timestep_spacing']} timesteps, "
+            f"prediction {data['scheduler']['prediction_type']}, zero terminal SNR "
+            f"{data['scheduler']['rescale_betas_zero_snr']}); one U-Net call per step. {cfg['n_eval']} held-out "
+            f"captions, one seed each. Ceiling: TopK SAE of the shipped size trained {cfg['ceiling_steps']} steps of "
+            f"{cfg['ceiling_batch']} vectors on that setting's updates of {cfg['n_train']} other captions. Floor: "
+            f"random unit directions, encoder = decoder transposed, the shipped k and centre.\n\n"
+            "Image quality of each setting (the world's probe on the held-out generations):\n\n" + quality_table(data)
+            + "\nReconstruction over every step of the setting (EV: explained variance; dead: share of features that "
+            "never fire on these vectors):\n\n" + reconstruction_table(data)
+            + "\nAt each denoising step (first / second / ...): how far the block's updates moved from the 1-step "
+            "run's on the same caption, seed and position (squared distance over the 1-step updates' variance: 0 the "
+            "same, about 2 unrelated), and the explained variance:\n\n" + per_step_table(data)
+            + f"\nFeature agreement with the 1-step run (same caption, seed and position). The first step of every "
+            f"setting is the 1-step call itself (agreement 1), so the columns average the steps after it; features: "
+            f"those firing on >= {cfg['min_firing']} positions of the 1-step run; top-k: k = {cfg['top_k']} "
+            f"positions:\n\n" + agreement_table(data)
+            + ("" if not data.get("causal") else
+               f"\nRIEBench's shapes suite with the shipped 1-step SAEs (method sae, static, k_trans {CAUSAL_K_TRANS}, "
+               f"through {', '.join(CAUSAL_BLOCKS)}), the same tasks generated and edited at 1, 2 and 4 steps "
+               "(`python -m experiments.step_transfer causal`):\n\n" + causal_table(data))
+            + cost_line(data)
+            + "\nMade by `python -m experiments.step_transfer run` (then `report`).\n")
+
+
+DOCS_PAGE = Path("docs") / "experiments" / "step-transfer.md"
+DOCS_MARKERS = ("<!-- step-transfer -->", "<!-- /step-transfer -->")
+
+
+def report(args) -> int:
+    from interp.atomic import atomic_write_text
+    from saes.strict_json import dumps
+
+    global RUN_ROOT
+    RUN_ROOT = Path(args.out).resolve()
+
+    data = collect_results(args.base)
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(results / "step_transfer.json", dumps(data, indent=2) + "\n")
+    atomic_write_text(results / "step_transfer.md", markdown(data))
+    print(f"wrote {results / 'step_transfer.json'} and {results / 'step_transfer.md'}")
+    if args.docs:  # the tables of the docs page, between its markers (the prose around them is written by hand)
+        page = REPO / DOCS_PAGE
+        text = page.read_text()
+        start, end = DOCS_MARKERS
+        if start not in text or end not in text:
+            raise ValueError(f"{DOCS_PAGE} has no {start} ... {end} block to fill")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        body = "\n".join(markdown(data).splitlines()[2:])  # without the heading
+        atomic_write_text(page, f"{head}{start}\n{body.strip()}\n{end}{tail}")
+        print(f"refilled {DOCS_PAGE}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.step_transfer", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="capture, train the ceilings, measure (resumable), then report")
+    defaults = RunConfig()
+    run_parser.add_argument("--threads", type=int, default=defaults.threads)
+    run_parser.add_argument("--n-eval", type=int, default=defaults.n_eval, help="held-out captions measured")
+    run_parser.add_argument("--n-train", type=int, default=defaults.n_train, help="captions of the ceilings' stores")
+    run_parser.add_argument("--ceiling-steps", type=int, default=defaults.ceiling_steps,
+                            help="training steps of each ceiling SAE")
+    run_parser.set_defaults(run=run)
+    report_parser = commands.add_parser("report", help="write experiments/results/step_transfer.{json,md}")
+    report_parser.add_argument("--docs", action="store_true", help=f"also refill the tables of {DOCS_PAGE}")
+    report_parser.set_defaults(run=report)
+    cost_parser = commands.add_parser("cost", help="time one UNet-stage step of the toy-base recipe "
+                                                   "(runs/step_transfer/base_step_cost.json, read by report)")
+    cost_parser.add_argument("--threads", type=int, default=defaults.threads)
+    cost_parser.set_defaults(run=cost)
+    causal_parser = commands.add_parser("causal", help="RIEBench edits with the 1-step SAEs at 1, 2 and 4 steps "
+                                                       "(resumable; read by report)")
+    causal_parser.add_argument("--threads", type=int, default=defaults.threads)
+    causal_parser.add_argument("--limit", type=int, default=CAUSAL_LIMIT, help="tasks per category")
+    causal_parser.set_defaults(run=causal)
+    for sub in (run_parser, report_parser):
+        sub.add_argument("--base", default=None, metavar="DIR",
+                         help="also measure this multi-step model of the toy's architecture (a toy-base pipeline "
+                              "saved by `python -m interp.zoo train t2i --objective v_prediction`) at its steps and "
+                              "guidance, both CFG halves")
+    for sub in (run_parser, report_parser, cost_parser, causal_parser):
+        sub.add_argument("--out", default=_shown(RUN_ROOT), help="the run directory")
+        sub.add_argument("--results", default=_shown(RESULTS), help="where the JSON and markdown tables go")
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
