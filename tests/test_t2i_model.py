@@ -186,3 +186,18 @@ def test_evaluate_cli_refuses_too_few_generations(tmp_path):
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 2 and "--n must be at least 2" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "e").exists()
+
+
+def test_a_recipe_made_pipeline_samples_with_the_steps_and_guidance_its_recipe_saved(tmp_path):
+    import json
+
+    from interp.models.t2i import RECIPE_FILE, known_model
+
+    base, plain = tmp_path / "base", tmp_path / "plain"
+    base.mkdir(), plain.mkdir()
+    (base / RECIPE_FILE).write_text(json.dumps({"objective": "v_prediction", "sampling_steps": 30, "guidance": 5.0}))
+    (plain / RECIPE_FILE).write_text(json.dumps({"objective": "sample"}))  # older recipes saved no defaults
+    assert (known_model(str(base)).default_steps, known_model(str(base)).default_guidance) == (30, 5.0)
+    toy = known_model("toy")
+    assert (known_model(str(plain)).default_steps, known_model(str(plain)).default_guidance) == \
+        (toy.default_steps, toy.default_guidance)

@@ -58,11 +58,19 @@ RECIPE_FILE = "recipe.json"  # written by `python -m interp.zoo train t2i` next 
 
 
 def _recipe_made(path: str) -> KnownModel | None:
-    """A pipeline directory saved by the toy's recipe (a retrained or variant toy) is used as the toy is: one step,
-    no guidance, the toy's analysed blocks. Without this it would fall back to 30 steps with guidance."""
+    """A pipeline directory saved by the toy's recipe (a retrained, variant or base toy): the toy's analysed blocks
+    and world, and the steps and guidance its recipe.json says it samples with (a `toy-base` trained with
+    --objective v_prediction: 30 steps with guidance; a recipe.json without them: the toy's one step, no guidance)."""
     if os.path.isdir(path) and (Path(path) / RECIPE_FILE).exists():
         toy = KNOWN_MODELS["toy"]
-        return KnownModel(path, toy.default_steps, toy.default_guidance, blocks=toy.blocks, world=toy.world)
+        try:
+            recipe = json.loads((Path(path) / RECIPE_FILE).read_text())
+        except (OSError, ValueError):
+            recipe = {}
+        config = recipe.get("config", recipe) if isinstance(recipe, dict) else {}
+        steps = config.get("sampling_steps", toy.default_steps) if isinstance(config, dict) else toy.default_steps
+        guidance = config.get("guidance", toy.default_guidance) if isinstance(config, dict) else toy.default_guidance
+        return KnownModel(path, int(steps), float(guidance), blocks=toy.blocks, world=toy.world)
     return None
 
 
