@@ -92,9 +92,10 @@ def test_recipe_cli_help_and_bad_input(capsys):
     with pytest.raises(SystemExit) as exit_info:
         R.cli(["--help"])
     assert exit_info.value.code == 0 and "--ratios" in capsys.readouterr().out
-    assert R.cli(["--ratios", "1.5", "--out", "/nonexistent"]) == 2
+    # --save-to away from the shipped weights (its default needs --overwrite: the shipped-files guard answers first)
+    assert R.cli(["--ratios", "1.5", "--out", "/nonexistent", "--save-to", "/nonexistent/weights"]) == 2
     assert "--ratios" in capsys.readouterr().err
-    assert R.cli(["--pretrain-steps", "0", "--out", "/nonexistent"]) == 2
+    assert R.cli(["--pretrain-steps", "0", "--out", "/nonexistent", "--save-to", "/nonexistent/weights"]) == 2
 
 
 def test_reevaluation_refuses_to_overwrite_without_the_flag_and_counts_a_stuttered_refusal(tmp_path, monkeypatch,
