@@ -127,7 +127,7 @@ def build_ui(bench: Workbench) -> gr.Blocks:
         gr.Markdown("# Interpretability workbench\nOpen up text-to-image diffusion models and language models: "
                     "capture, train sparse autoencoders, edit by features, analyse residual geometry. "
                     f"Model: **{bench.model_name}** ({len(blocks)} hookable blocks; SAEs on "
-                    f"{', '.join(library_blocks) or 'none'}), in {dtype_name(bench.t2i.pipe.unet.dtype)}; "
+                    f"{', '.join(library_blocks) or 'none'}), in {dtype_name(bench.t2i.denoiser.dtype)}; "
                     f"language models in {bench.lm_dtype}.")
         with gr.Tabs() as tabs:
             generate = build_generate_tab(bench)

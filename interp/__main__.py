@@ -22,7 +22,7 @@ def _generate(args) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # --out runs/images/x.png: the folder is made
     images[0].save(args.out)
     print(f"wrote {args.out} ({images[0].width}x{images[0].height}, {args.model}, "
-          f"steps={args.steps or model.default_steps}, seed={args.seed}, {dtype_name(model.pipe.unet.dtype)})")
+          f"steps={args.steps or model.default_steps}, seed={args.seed}, {dtype_name(model.denoiser.dtype)})")
     return 0
 
 

@@ -829,7 +829,7 @@ def collect_command(args) -> int:
         plan = CollectionPlan(model=args.model, blocks=[b.removeprefix("unet.") for b in blocks],
                               prompts=prompts, seeds=[args.seed + i for i in range(len(prompts))], steps=steps,
                               guidance=float(guidance), half=args.half, images_per_shard=args.images_per_shard,
-                              model_dtype=dtype_name(model.pipe.unet.dtype))
+                              model_dtype=dtype_name(model.denoiser.dtype))
         manifest = collect(model, plan, args.out, rank=rank, world_size=world_size, barrier=barrier)
     finally:
         if world_size > 1:

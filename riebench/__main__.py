@@ -77,7 +77,7 @@ def _load_model(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_t2i(args.model, dtype=t2i_dtype(args.dtype))
-    args.dtype = dtype_name(model.pipe.unet.dtype)  # recorded in run.json
+    args.dtype = dtype_name(model.denoiser.dtype)  # recorded in run.json
     if args.blocks is None:
         args.blocks = list(model.default_blocks)
     return model

@@ -155,7 +155,7 @@ def _eval(args) -> int:
     if model is not None:
         from interp.cli import dtype_name
 
-        result["model_dtype"] = dtype_name(model.pipe.unet.dtype)
+        result["model_dtype"] = dtype_name(model.denoiser.dtype)
     table = markdown_table({block: result})
     if model is not None and args.fidelity_images > 0:
         from .fidelity import fidelity_table, splice_fidelity
