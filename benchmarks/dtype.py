@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # run from anywhere; the repo's packages first
-from interp.hooks.lm import forward_padded, residual_capture  # noqa: E402
+from interp.hooks.lm import forward_padded, residual_capture, right_padded  # noqa: E402
 from interp.lm_text import read_documents, token_sequences  # noqa: E402
 from interp.models.lm import available_lms, load_lm  # noqa: E402
 
@@ -82,24 +82,13 @@ def relative_errors(approx: torch.Tensor, exact: torch.Tensor) -> dict:
             "n": errors.numel()}
 
 
-def padded(lm, sequences) -> tuple[torch.Tensor, torch.Tensor]:
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    width = max(map(len, sequences))
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, tokens in enumerate(sequences):
-        ids[r, :len(tokens)] = torch.tensor(tokens)
-        mask[r, :len(tokens)] = 1
-    return ids, mask
-
-
 # ----------------------------------------------------------------------------- capture
 
 def bench_capture(args, lm32, lm16) -> tuple[dict, torch.Tensor]:
     hook = args.hook or f"blocks.{lm32.n_layers // 2}.hook_resid_post"
     sequences = token_sequences(lm32.tokenizer, read_documents(args.text), min(args.context, lm32.n_ctx))
     sequences = sequences[:args.capture_batches * args.batch_size]
-    batches = [padded(lm32, sequences[b:b + args.batch_size]) for b in range(0, len(sequences), args.batch_size)]
+    batches = [right_padded(lm32, sequences[b:b + args.batch_size]) for b in range(0, len(sequences), args.batch_size)]
     tokens = sum(int(mask.sum()) for _, mask in batches)
 
     def capture(lm, stop):
@@ -128,7 +117,7 @@ def capture_vectors(args, lm) -> torch.Tensor:
     sequences = sequences[:args.capture_batches * args.batch_size]
     out = []
     for b in range(0, len(sequences), args.batch_size):
-        ids, mask = padded(lm, sequences[b:b + args.batch_size])
+        ids, mask = right_padded(lm, sequences[b:b + args.batch_size])
         with residual_capture(lm, [hook]) as session:
             forward_padded(lm, ids, mask, stop_after=[hook])
         out.append(session.activations[hook][mask.bool()])

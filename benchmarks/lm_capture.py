@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 
-from interp.hooks.lm import forward_padded
+from interp.hooks.lm import forward_padded, right_padded
 from interp.lm_text import read_documents, token_sequences
 from interp.models.lm import load_lm
 from interp.store import LMCollectionPlan, _lm_batch, select_positions
@@ -44,17 +44,6 @@ def timed(fn) -> float:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return time.perf_counter() - start
-
-
-def padded(lm, rows) -> tuple[torch.Tensor, torch.Tensor]:
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    width = max(len(tokens) for _, tokens, _ in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, (_, tokens, _) in enumerate(rows):
-        ids[r, :len(tokens)] = torch.tensor(tokens)
-        mask[r, :len(tokens)] = 1
-    return ids, mask
 
 
 def main() -> int:
@@ -94,7 +83,7 @@ def main() -> int:
     for b in range(0, len(sequences), args.batch_size):
         rows = [(i, sequences[i], selected[i]) for i in range(b, min(b + args.batch_size, len(sequences)))
                 if selected[i]]
-        batches.append((rows, *padded(lm, rows)))
+        batches.append((rows, *right_padded(lm, [tokens for _, tokens, _ in rows])))
     kept_tokens = sum(len(chosen) for rows, _, _ in batches for _, _, chosen in rows)
     runners = {"plain": lambda rows, ids, mask: forward_padded(lm, ids, mask),
                "collect": lambda rows, ids, mask: _lm_batch(lm, plan, rows)}

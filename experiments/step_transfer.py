@@ -651,15 +651,9 @@ def report(args) -> int:
     atomic_write_text(results / "step_transfer.md", markdown(data))
     print(f"wrote {results / 'step_transfer.json'} and {results / 'step_transfer.md'}")
     if args.docs:  # the tables of the docs page, between its markers (the prose around them is written by hand)
-        page = REPO / DOCS_PAGE
-        text = page.read_text()
-        start, end = DOCS_MARKERS
-        if start not in text or end not in text:
-            raise ValueError(f"{DOCS_PAGE} has no {start} ... {end} block to fill")
-        head, rest = text.split(start, 1)
-        _, tail = rest.split(end, 1)
-        body = "\n".join(markdown(data).splitlines()[2:])  # without the heading
-        atomic_write_text(page, f"{head}{start}\n{body.strip()}\n{end}{tail}")
+        from experiments.docs_page import refill
+
+        refill(REPO / DOCS_PAGE, DOCS_MARKERS, markdown(data))
         print(f"refilled {DOCS_PAGE}")
     return 0
 

@@ -265,15 +265,9 @@ def report(args) -> int:
     atomic_write_text(RESULTS / "t2i_blocks.md", md)
     print(md, end="")
     if args.docs:
-        page = REPO / DOCS_PAGE
-        text = page.read_text()
-        start, end = DOCS_MARKERS
-        if start not in text or end not in text:
-            raise ValueError(f"{DOCS_PAGE} has no {start} ... {end} block to fill")
-        head, rest = text.split(start, 1)
-        _, tail = rest.split(end, 1)
-        body = "\n".join(line for line in md.splitlines()[2:])  # without the heading
-        atomic_write_text(page, f"{head}{start}\n{body.strip()}\n{end}{tail}")
+        from experiments.docs_page import refill
+
+        refill(REPO / DOCS_PAGE, DOCS_MARKERS, md)
     return 0
 
 

@@ -69,14 +69,13 @@ def scored_sequences(sequences: list[list[int]], max_tokens: int | None) -> list
 def splice_losses(lm, sae: SAE, hook: str, sequences: list[list[int]], batch_size: int = 8,
                   progress: bool = False) -> tuple[dict, list[torch.Tensor]]:
     """(metrics, the clean residuals at the hook of the scored positions as float32 batches)."""
-    from interp.hooks.lm import residual_capture
+    from interp.hooks.lm import residual_capture, right_padded
     from interp.hooks.lm_splice import residual_replacement
 
     check_sae_for_model(sae, lm, hook)
     if not sequences:
         raise ValueError("no sequence of at least 3 tokens to score")
     sae = sae.to(lm.device)
-    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
     sums = {"ce_clean": 0.0, "ce_spliced": 0.0, "ce_zero": 0.0, "kl_spliced": 0.0, "kl_zero": 0.0}
     n_scored = 0
     residuals: list[torch.Tensor] = []
@@ -88,12 +87,7 @@ def splice_losses(lm, sae: SAE, hook: str, sequences: list[list[int]], batch_siz
         starts = tqdm(starts, desc="splice loss", unit="batch")
     for start in starts:
         chunk = sequences[start:start + batch_size]
-        width = max(map(len, chunk))
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, seq in enumerate(chunk):
-            ids[r, :len(seq)] = torch.tensor(seq)
-            mask[r, :len(seq)] = 1
+        ids, mask = right_padded(lm, chunk)
         # predictions at positions 1 .. n - 2 of each row: the target (next token) exists and is not padding
         scored = mask[:, 2:].bool().clone()
         scored = torch.cat([torch.zeros(len(chunk), 1, dtype=torch.bool), scored], dim=1)  # (batch, width - 1)

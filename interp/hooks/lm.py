@@ -201,6 +201,19 @@ def residual_capture(lm, names: Sequence[str], last_index: torch.Tensor | None =
     return ResidualCapture(lm, names, last_index, keep_graph=keep_graph)
 
 
+def right_padded(lm, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (len(sequences), longest), of token sequences padded on the right with
+    the tokenizer's pad id (0 if it has none)."""
+    pad_id = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    width = max(map(len, sequences))
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, tokens in enumerate(sequences):
+        ids[row, :len(tokens)] = torch.as_tensor(tokens, dtype=torch.long)
+        mask[row, :len(tokens)] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def forward_padded(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    stop_after: Sequence[str] | None = None) -> None:
@@ -318,5 +331,5 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
 
 
 __all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "capture_residuals", "check_hooks",
-           "decoder_layers", "format_prompts", "language_model", "last_token_residuals", "model_sites", "parse_hook_name",
+           "decoder_layers", "format_prompts", "right_padded", "language_model", "last_token_residuals", "model_sites", "parse_hook_name",
            "residual_capture", "residual_hook_names", "strip_trailing_punctuation"]

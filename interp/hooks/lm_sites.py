@@ -27,7 +27,7 @@ ones the suite checks on tiny random-weight models against the models' own forwa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -120,10 +120,7 @@ def family_of(config) -> LMFamily:
     for family in FAMILIES:
         if model_type in family.model_types:
             overrides = family.adjust(config)
-            if not overrides:
-                return family
-            from dataclasses import replace
-            return replace(family, **overrides)
+            return replace(family, **overrides) if overrides else family
     known = sorted({t for f in FAMILIES for t in f.model_types})
     raise LMSiteError(f"the workbench has no site table for model_type {model_type!r}: its residual stream cannot be "
                       f"read without guessing. Verified: {', '.join(known)}. Try backend 'transformer_lens' "
