@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from interp.atomic import atomic_write_text
-from interp.cli import add_dtype_argument, lm_dtype
+from interp.cli import add_backend_argument, add_dtype_argument, lm_dtype
 
 from .diversity import DataError, PROMPT_FIELDS, read_jsonl
 from .geometry import concentration_by_layer, layer_projections, pc1_stability, structural_alignment
@@ -215,6 +215,6 @@ def add_analyze_arguments(parser) -> None:
     add_chat_template_argument(parser)
     parser.add_argument("--no-stability", dest="stability", action="store_false",
                         help="skip the PC1 stability check (without trailing punctuation)")
-    parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf")
+    add_backend_argument(parser)
     parser.add_argument("--device", default="cpu")
     add_dtype_argument(parser, what="the models")

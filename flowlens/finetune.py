@@ -36,7 +36,7 @@ from typing import Callable
 import torch
 
 from interp.atomic import atomic_write
-from interp.cli import add_dtype_argument, at_least, parse_dtype
+from interp.cli import add_backend_argument, add_dtype_argument, at_least, parse_dtype
 from interp.hooks.lm import residual_capture
 from interp.models.lm import use_chat_template
 
@@ -425,6 +425,9 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
 def vcl_command(args) -> int:
     import signal
 
+    if args.backend != "hf":
+        raise ValueError("fine-tuning runs on the Hugging Face model (--backend hf): peft's LoRA and the optimizer "
+                         "adapt its own modules; read the result with --backend transformer_lens afterwards")
     vcl = None
     if args.weight != 0:
         vcl = VCLConfig(k=args.k, weight=args.weight, window=tuple(args.window), sign=args.sign, pooling=args.pooling,
@@ -483,4 +486,5 @@ def add_vcl_arguments(parser) -> None:
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--eval-prompts", default=None, help="prompt-set JSONL or XSTest CSV: evaluated before and after")
     parser.add_argument("--device", default="cpu")
+    add_backend_argument(parser, "only hf fine-tunes: ")
     add_dtype_argument(parser, what="the frozen weights of a LoRA run (adapters, optimizer and evaluation: float32)")

@@ -180,7 +180,8 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], max_new_token
                          batch_size: int | None = None, chat_template: bool | None = None, progress: bool = False,
                          cancel=None) -> list[str]:
     """Greedy completions (new tokens only, special tokens dropped) of any HF causal LM, batched by
-    ``interp.models.generation.greedy_generate`` (KV cache, left padding, finished rows leave the batch).
+    ``interp.models.generation.greedy_generate`` (KV cache, left padding, finished rows leave the batch); of a
+    TransformerLens `interp.models.lm.LanguageModel`, one prompt at a time (`interp.hooks.lm_steer.generate`).
 
     A prompt that does not fit in the context together with ``max_new_tokens`` is an error, and so is
     an empty prompt list. ``batch_size`` None: the generator's default.
@@ -191,6 +192,11 @@ def generate_completions(model, tokenizer, prompts: Sequence[str], max_new_token
     if not prompts:
         raise ValueError("no prompts to evaluate")
     chat_template = use_chat_template(tokenizer, chat_template)
+    if getattr(model, "backend", "hf") == "transformer_lens":  # a LanguageModel of load_lm(..., "transformer_lens")
+        from interp.hooks.lm_steer import generate
+
+        return generate(model, list(prompts), max_new_tokens=max_new_tokens, chat_template=chat_template,
+                        cancel=cancel)
     texts = [format_prompt(tokenizer, p, chat_template) for p in prompts]
     try:
         return greedy_generate(model, tokenizer, texts, max_new_tokens=max_new_tokens,
@@ -248,9 +254,13 @@ def refusals_command(args) -> int:
 
     records = read_prompt_set(args.prompts)
     from interp.cli import lm_dtype
-    from interp.models.lm import load_hf_lm
+    from interp.models.lm import load_hf_lm, load_lm
 
-    model, tokenizer = load_hf_lm(args.model, device=args.device, dtype=lm_dtype(args.dtype))
+    if args.backend == "hf":
+        model, tokenizer = load_hf_lm(args.model, device=args.device, dtype=lm_dtype(args.dtype))
+    else:
+        model = load_lm(args.model, backend=args.backend, device=args.device, dtype=lm_dtype(args.dtype))
+        tokenizer = model.tokenizer
     templated = use_chat_template(tokenizer, args.chat_template)
     started = time.perf_counter()
     evaluation = evaluate_refusals(model, tokenizer, records, max_new_tokens=args.max_new_tokens,
@@ -260,7 +270,7 @@ def refusals_command(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     settings = {"max_new_tokens": args.max_new_tokens, "chat_template": templated, "greedy": True,
                 "detector": "keyword (XSTest string match)", "generation_seconds": round(seconds, 1),
-                "model_dtype": args.dtype}
+                "model_dtype": args.dtype, "backend": args.backend}
     atomic_write_text(out, json.dumps({"model": args.model, "prompts": str(args.prompts), "settings": settings,
                                        **evaluation.to_json()}, indent=2) + "\n")
     print(format_metrics(evaluation.metrics))
@@ -278,7 +288,7 @@ def add_chat_template_argument(parser) -> None:
 
 
 def add_refusals_arguments(parser) -> None:
-    from interp.cli import add_dtype_argument, at_least
+    from interp.cli import add_backend_argument, add_dtype_argument, at_least
 
     parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--prompts", required=True, help="prompt-set JSONL (prompt, kind, answer?, type?) or XSTest CSV")
@@ -289,3 +299,4 @@ def add_refusals_arguments(parser) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default="refusals.json")
     add_dtype_argument(parser)
+    add_backend_argument(parser)

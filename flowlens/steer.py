@@ -16,7 +16,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
-from interp.cli import add_dtype_argument, at_least, lm_dtype
+from interp.cli import add_backend_argument, add_dtype_argument, at_least, lm_dtype
 
 DEFAULT_MAX_NEW_TOKENS = 32
 
@@ -101,6 +101,7 @@ def add_steer_arguments(parser: argparse.ArgumentParser) -> None:
                         help="continue the raw prompt (default: the tokenizer's chat template when it has one)")
     parser.add_argument("--threads", type=at_least(1), default=None)
     add_dtype_argument(parser)
+    add_backend_argument(parser)
 
 
 def steer_command(args) -> int:
@@ -125,11 +126,11 @@ def steer_command(args) -> int:
     edit = make_edit(hook, args.feature, args.strength, args.mode, args.positions)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_lm(args.model, dtype=lm_dtype(args.dtype))
+    lm = load_lm(args.model, backend=args.backend, dtype=lm_dtype(args.dtype))
     result = steer_comparison(lm, sae, hook, args.prompt, edit, args.max_new_tokens,
                               False if args.no_chat_template else None)
     what = f"{args.mode} feature {args.feature}" + ("" if args.mode == "ablate" else f" (strength {args.strength:g})")
-    print(f"model: {lm.name} ({args.dtype})   SAE: {args.sae} ({hook}, {sae.cfg.d_sae} features)")
+    print(f"model: {lm.name} ({args.dtype}, {args.backend})   SAE: {args.sae} ({hook}, {sae.cfg.d_sae} features)")
     print(f"edit: {what} at {hook}, positions: {args.positions}")
     print(f"prompt: {args.prompt}\n")
     print(side_by_side(result["without"], result["with"]))

@@ -48,10 +48,10 @@ def _lm_description(name: str) -> dict:
 
 
 def _blocks(args) -> int:
-    from .lm_text import is_language_model
     from .models import load_t2i
+    from .models.spec import model_spec
 
-    if is_language_model(args.model):
+    if model_spec(args.model).is_lm:
         print(json.dumps(_lm_description(args.model), indent=2))
         return 0
     print(json.dumps(load_t2i(args.model).describe(), indent=2))
@@ -60,10 +60,10 @@ def _blocks(args) -> int:
 
 def _hooks(args) -> int:
     """One valid hook name per line: an LM's residual hooks, or a text-to-image model's blocks."""
-    from .lm_text import is_language_model
     from .models import load_t2i
+    from .models.spec import model_spec
 
-    names = _lm_description(args.model)["hooks"] if is_language_model(args.model) else list(load_t2i(args.model).blocks)
+    names = _lm_description(args.model)["hooks"] if model_spec(args.model).is_lm else list(load_t2i(args.model).blocks)
     print("\n".join(names))
     return 0
 

@@ -181,6 +181,18 @@ def add_dtype_argument(parser, default: str | None = "float32", what: str = "the
                              f"and on GPUs, with the numeric change docs/dtype.md measures")
 
 
+BACKENDS = ("hf", "transformer_lens")
+
+
+def add_backend_argument(parser, what: str = "") -> None:
+    """``--backend hf|transformer_lens``, the same option on every command that loads a language model: the
+    Hugging Face model as it is, or TransformerLens' (a HookedTransformer where it converts one locally, a
+    TransformerBridge otherwise); both read and write the same residual stream (tests/test_lm_families.py)."""
+    parser.add_argument("--backend", choices=BACKENDS, default="hf",
+                        help=f"{what}the language model's backend: hf (default) or transformer_lens; both read the "
+                             f"same residual stream (docs/lm-architectures.md)")
+
+
 def lm_dtype(name: str | None):
     """The torch dtype a language model loads in for ``--dtype`` (None: float32, what results were made in)."""
     return parse_dtype(name or "float32")

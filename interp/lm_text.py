@@ -121,18 +121,6 @@ def token_sequences(tokenizer, documents: list[str], context: int) -> list[list[
     return [[start] + ids[i:i + body] for ids in encoded for i in range(0, len(ids), body)]
 
 
-def is_language_model(name: str) -> bool:
-    """Whether a model name (or directory) is a causal LM rather than a text-to-image pipeline: an embedded
-    chat model, a registry model, or a directory with config.json and no diffusers model_index.json."""
-    from .models.lm import EMBEDDED_PREFIX
-    from .zoo import fetch
-
-    if name == EMBEDDED_PREFIX or name.startswith(EMBEDDED_PREFIX + "-") or name in fetch.REGISTRY_MODELS:
-        return True
-    path = Path(name).expanduser()
-    return path.is_dir() and (path / "config.json").is_file() and not (path / "model_index.json").is_file()
-
-
 # ----------------------------------------------------------------------------- prompts and completions
 
 def strip_trailing_punctuation(prompt: str) -> str:
@@ -191,6 +179,6 @@ def is_refusal(completion: str) -> bool:
 _DEFAULT_DETECTOR = KeywordRefusalDetector()
 
 
-__all__ = ["KeywordRefusalDetector", "REFUSAL_PREFIXES", "REFUSAL_SUBSTRINGS", "TextError", "is_language_model",
+__all__ = ["KeywordRefusalDetector", "REFUSAL_PREFIXES", "REFUSAL_SUBSTRINGS", "TextError",
            "is_refusal", "read_documents", "read_text_file", "start_token", "strip_trailing_punctuation",
            "token_sequences"]

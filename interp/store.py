@@ -788,9 +788,9 @@ def collect_command(args) -> int:
 
     from .models import load_t2i
 
-    from .lm_text import is_language_model
+    from .models.spec import model_spec
 
-    if is_language_model(args.model):
+    if model_spec(args.model).is_lm:
         args.dtype = args.dtype or "float32"
         return lm_collect_command(args)
     if args.text is not None:

@@ -138,9 +138,9 @@ def wants_lm_eval(args) -> bool:
     if getattr(args, "text", None) is not None:
         return True
     if args.model is not None:
-        from interp.lm_text import is_language_model
+        from interp.models.spec import model_spec
 
-        return is_language_model(args.model)
+        return model_spec(args.model).is_lm
     if args.store is not None and (Path(args.store) / "manifest.json").is_file():
         from interp.store import ActivationStore
 

@@ -13,7 +13,8 @@ ignored one shows), and:
 - feature cards' logit effects equal the true linearised effect: the derivative of the model's whole
   forward pass (forward-mode autodiff) with the last layer's output set;
 - the TransformerLens backend (TransformerBridge, or the local conversions) reads the same residuals
-  as the Hugging Face backend, or refuses in one line.
+  as the Hugging Face backend, generates the same greedy completions and is steered the same at every
+  site, or refuses in one line.
 """
 
 from __future__ import annotations
@@ -241,6 +242,7 @@ def test_transformer_lens_backend_reads_the_same_residuals_or_refuses_in_one_lin
         return
     sites = model_sites(hf)
     assert model_sites(tl) == sites
+    _generation_and_steering_agree(hf, tl, sites)
     names = residual_hook_names(hf.n_layers, sites)
     ids = batch()
     mask = torch.ones_like(ids)
@@ -311,3 +313,50 @@ def test_prompts_carry_one_start_token_and_the_tokenizers_own_chat_template(mode
         assert format_prompts(tokenizer, prompts, chat_template=None) == texts
     for sequence in token_sequences(tokenizer, [" ".join(WORDS)], context=8):
         assert sequence.count(sequence[0]) == 1  # one start token, never a second from the tokenizer
+
+
+def _generation_and_steering_agree(hf, tl, sites):
+    """Greedy completions on both backends are the same, plain and with a steering edit at each writable site
+    and each ``positions`` (the TransformerLens side decodes without a cache, told where the prompt ends)."""
+    from interp.hooks.lm_steer import LMEdit, generate
+
+    prompts = [" ".join(WORDS[:6]), " ".join(WORDS[3:7])]
+    assert generate(tl, prompts, max_new_tokens=6) == generate(hf, prompts, max_new_tokens=6)
+    direction = torch.randn(hf.d_model, generator=torch.Generator().manual_seed(4)).tolist()
+    moved = 0
+    for kind in [k for k in ("resid_mid", "resid_post") if k in sites]:
+        for positions in ("prompt", "generated"):
+            edit = [LMEdit(f"blocks.0.hook_{kind}", "add", direction=direction, strength=40.0, positions=positions)]
+            steered = generate(hf, prompts, edit, max_new_tokens=6)
+            assert generate(tl, prompts, edit, max_new_tokens=6) == steered, (kind, positions)
+            moved += steered != generate(hf, prompts, max_new_tokens=6)
+    assert moved  # the edits change something, so the agreement is not vacuous
+
+
+@pytest.mark.parametrize("label", ["llama", "qwen2"])  # a local HookedTransformer; a TransformerBridge
+def test_flowlens_commands_take_the_backend(models, label, tmp_path, capsys):
+    import json
+
+    from flowlens.__main__ import main
+
+    model = model_of(models, label)
+    model.save_pretrained(tmp_path / "model")
+    TOKENIZER.save_pretrained(tmp_path / "model")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": " ".join(WORDS[i:i + 5]), "kind": "benign"}) + "\n"
+                               for i in range(3)))
+    completions = {}
+    for backend in ("hf", "transformer_lens"):
+        out = tmp_path / f"{backend}.json"
+        assert main(["refusals", "--model", str(tmp_path / "model"), "--prompts", str(prompts), "--max-new-tokens",
+                     "5", "--out", str(out), "--backend", backend]) == 0
+        saved = json.loads(out.read_text())
+        assert saved["settings"]["backend"] == backend
+        completions[backend] = [row["completion"] for row in saved["rows"]]
+    assert completions["transformer_lens"] == completions["hf"]
+    capsys.readouterr()
+    code = main(["vcl", "--model", str(tmp_path / "model"), "--data", str(prompts), "--out", str(tmp_path / "run"),
+                 "--backend", "transformer_lens"])
+    error = capsys.readouterr().err.strip()
+    assert code == 2 and error.count("\n") == 0 and "--backend hf" in error, error
+    assert not (tmp_path / "run").exists()

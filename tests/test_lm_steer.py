@@ -368,11 +368,17 @@ def test_edits_are_checked_against_the_model_and_the_sae(lm, sae):
             apply_lm_edits(lm, edits, saes)
     with pytest.raises(EditError, match="empty"):
         generate(lm, "   ", [], max_new_tokens=2)
-    from types import SimpleNamespace
-
-    with pytest.raises(EditError, match="Hugging Face backend"):
-        apply_lm_edits(SimpleNamespace(backend="transformer_lens"), [LMEdit(HOOK, "add", feature=1)], {HOOK: sae})
     assert _no_hooks_left(lm.model)
+
+
+def test_the_transformer_lens_backend_is_steered_the_same(lm, sae):
+    from interp.models.lm import load_lm
+
+    tl = load_lm("toy-chat", backend="transformer_lens")
+    edits = [LMEdit(HOOK, "add", feature=1, strength=20.0, positions="generated")]
+    steered = generate(lm, PROMPTS[:2], edits, {HOOK: sae}, max_new_tokens=8)
+    assert steered != generate(lm, PROMPTS[:2], max_new_tokens=8)
+    assert generate(tl, PROMPTS[:2], edits, {HOOK: sae}, max_new_tokens=8) == steered
 
 
 # ----------------------------------------------------------------------------- the command line

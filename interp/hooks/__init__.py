@@ -60,19 +60,14 @@ __all__ += list(_lm_all)
 
 
 def model_kind(model) -> str:
-    """``"lm"`` for a language model (`interp.models.lm.LanguageModel`, a bare Hugging Face causal LM or a
-    TransformerLens ``HookedTransformer``), ``"t2i"`` for a text-to-image model (a `T2IModel`, a diffusers
-    pipeline or a U-Net); a HookError for anything else."""
-    if hasattr(model, "backend") and hasattr(model, "n_layers"):
-        return "lm"
-    if hasattr(model, "unet") or (hasattr(model, "down_blocks") and hasattr(model, "up_blocks")):
-        return "t2i"
-    if hasattr(model, "hook_dict") and hasattr(model, "cfg"):
-        return "lm"
-    if getattr(getattr(model, "config", None), "num_hidden_layers", None) is not None:
-        return "lm"
-    raise HookError(f"cannot hook {type(model).__name__}: expected a T2IModel, a diffusers pipeline or U-Net, or "
-                    f"a language model (interp.models.lm.LanguageModel)")
+    """``"lm"`` or ``"t2i"``: `interp.models.spec.kind_of`, the one place that decides it, with its refusal as
+    a HookError."""
+    from ..models.spec import kind_of
+
+    try:
+        return kind_of(model)
+    except ValueError as error:
+        raise HookError(f"cannot hook: {error}") from None
 
 
 def capture(model, sites, **options):

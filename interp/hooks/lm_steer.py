@@ -30,7 +30,8 @@ prompt + completion then matches what cached generation computed).
 A session's hooks act only in the context (thread, asyncio task) that entered it (a `ScopedHooks`
 of `interp.hooks.scoped`: the set of active sessions is a `ContextVar`), so two threads generating on one
 shared model, each inside its own ``with``, never see each other's edits. Nothing stays registered
-once the ``with`` ends. Hugging Face models only (``backend="hf"``): greedy generation runs there.
+once the ``with`` ends. On a TransformerLens model (``backend="transformer_lens"``) the edits act at its own
+hook points, and `generate` decodes without a KV cache (a full pass per new token, told where the prompt ends).
 
 `logit_effects` gives what a direction written into the residual stream does to the next-token
 logits through the model's own final norm and output head (linearised), for feature cards' promoted
@@ -259,9 +260,6 @@ class LMSteerSession(ScopedHooks):
     def __init__(self, lm, edits: Sequence[LMEdit | dict], saes: dict | None = None,
                  prompt_length: int | None = None):
         lm = language_model(lm)
-        if lm.backend != "hf":
-            raise EditError(f"steering runs on the Hugging Face backend (load_lm(name, backend='hf')), not "
-                            f"{lm.backend!r}")
         edits = [e if isinstance(e, LMEdit) else LMEdit.from_dict(e) for e in edits]
         if not edits:
             raise EditError("no edit given")
@@ -326,7 +324,22 @@ class LMSteerSession(ScopedHooks):
     def _register(self) -> None:
         model = self.lm.model
         self._handles.append(model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
-        sites = lm_sites(model)
+        wrapped = getattr(model, "original_model", None)  # a TransformerBridge runs the Hugging Face modules
+        if self.lm.backend == "transformer_lens" and not isinstance(wrapped, torch.nn.Module):
+            for hook in self.by_hook:  # a HookedTransformer: its own hook points carry the stream
+                point = model.hook_dict.get(hook)
+                if point is None:
+                    raise EditError(f"{hook} is not a hook point of this TransformerLens model")
+
+                def on_point(module, args, output, hook=hook):
+                    if not self._active():
+                        return None
+                    edited = self.edit_stream(hook, output)
+                    return None if edited is output else edited
+
+                self._handles.append(point.register_forward_hook(on_point))
+            return
+        sites = lm_sites(wrapped if self.lm.backend == "transformer_lens" else model)
         for hook in self.by_hook:
             layer, kind = parse_hook_name(hook, self.lm.n_layers)
 
@@ -366,12 +379,46 @@ def generate(lm, prompts: str | Sequence[str], edits: Sequence[LMEdit | dict] = 
         raise EditError("the prompt is empty: give some text to continue" if len(prompts) <= 1 else
                         f"prompt {empty[0] if empty else 0} is empty")
     texts, add_special = prompt_texts(lm, prompts, chat_template)
+    if language_model(lm).backend == "transformer_lens":
+        return [_greedy_transformer_lens(lm, text, add_special, edits, saes, max_new_tokens, cancel) for text in texts]
     if not edits:
         return greedy_generate(lm.model, lm.tokenizer, texts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                add_special_tokens=add_special, cancel=cancel)
     with apply_lm_edits(lm, edits, saes):
         return greedy_generate(lm.model, lm.tokenizer, texts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                add_special_tokens=add_special, cancel=cancel)
+
+
+def _greedy_transformer_lens(lm, text: str, add_special: bool, edits, saes, max_new_tokens: int, cancel) -> str:
+    """One greedy completion on a TransformerLens model: a full forward pass over prompt + completion per new
+    token (no KV cache), the edits told where the prompt ends so that ``positions`` means what it does with a
+    cache. Stops at an EOS id as `interp.models.generation.greedy_generate` does."""
+    import contextlib
+
+    from ..models.generation import _cancel_check, context_length, eos_ids
+
+    model, tokenizer = lm.model, lm.tokenizer
+    ids = tokenizer(text, add_special_tokens=add_special)["input_ids"]
+    if not ids:
+        raise EditError("the prompt has no tokens: there is nothing to continue")
+    limit = lm.n_ctx or context_length(getattr(model, "cfg", None))
+    if limit is not None and len(ids) + max_new_tokens > limit:
+        raise EditError(f"the prompt has {len(ids)} tokens; with max_new_tokens={max_new_tokens} it exceeds the "
+                        f"model's context of {limit} tokens")
+    stop = eos_ids(getattr(model, "original_model", model), tokenizer)
+    check_cancel = _cancel_check(cancel)
+    device = next(model.parameters()).device
+    session = apply_lm_edits(lm, edits, saes, prompt_length=len(ids)) if edits else contextlib.nullcontext()
+    new: list[int] = []
+    with torch.inference_mode(), session:
+        for _ in range(max_new_tokens):
+            check_cancel()
+            logits = model(torch.tensor([ids + new], device=device))
+            token = int(logits[0, -1].argmax())
+            new.append(token)
+            if token in stop:
+                break
+    return tokenizer.decode(new, skip_special_tokens=True).strip()
 
 
 # ----------------------------------------------------------------------------- the unembedding

@@ -1,0 +1,88 @@
+"""Which kind of model a name, a directory or a loaded object is: decided here and nowhere else.
+
+    spec = model_spec("toy-chat")           # ModelSpec(name="toy-chat", kind="lm", source="embedded")
+    spec = model_spec("runs/my-pipeline")   # kind "t2i" when the directory holds a diffusers model_index.json
+    model = spec.load(dtype=torch.bfloat16)  # a LanguageModel (load_lm) or a T2IModel (load_t2i)
+    kind_of(model)                           # "lm" or "t2i" for a loaded model (what interp.hooks dispatches on)
+
+A name is a language model when it is an embedded chat model (``toy-chat``, ``toy-chat-<suffix>``), a model the
+registry fetches (``smollm2-135m-instruct``) or a directory with a ``config.json`` and no ``model_index.json``;
+everything else (the embedded ``toy`` pipelines, a saved diffusers pipeline, a Hugging Face hub name) is a
+text-to-image model. What each kind then does, per architecture, lives in its family table: language models in
+`interp.hooks.lm_sites` (sites, final norm, head), text-to-image denoisers in `interp.models.denoisers` (blocks,
+CFG halves, prompt encoding). Commands, the UI and the SAE tools ask `model_spec` / `kind_of` instead of
+re-deciding.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+LM, T2I = "lm", "t2i"
+KINDS = (LM, T2I)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as named by the user, before anything is loaded: its ``kind`` (``"lm"`` or ``"t2i"``) and
+    ``source`` (``"embedded"``, ``"registry"``, ``"directory"`` or ``"hub"``)."""
+
+    name: str
+    kind: str
+    source: str
+
+    @property
+    def is_lm(self) -> bool:
+        return self.kind == LM
+
+    def load(self, **options):
+        """The loaded model: `interp.models.lm.load_lm(name, **options)` (``backend``, ``device``, ``dtype``) for
+        a language model, `interp.models.t2i.load_t2i(name, **options)` for a text-to-image model."""
+        if self.is_lm:
+            from .lm import load_lm
+
+            return load_lm(self.name, **options)
+        from .t2i import load_t2i
+
+        return load_t2i(self.name, **options)
+
+
+def model_spec(name: str | os.PathLike) -> ModelSpec:
+    """The `ModelSpec` of a model name or directory (nothing is loaded; a directory's files are looked at)."""
+    from ..zoo import fetch
+    from .lm import EMBEDDED_PREFIX
+
+    text = str(name)
+    if text == EMBEDDED_PREFIX or text.startswith(EMBEDDED_PREFIX + "-"):
+        return ModelSpec(text, LM, "embedded")
+    if text in fetch.REGISTRY_MODELS:
+        return ModelSpec(text, LM, "registry")
+    path = Path(text).expanduser()
+    if path.is_dir():
+        is_lm = (path / "config.json").is_file() and not (path / "model_index.json").is_file()
+        return ModelSpec(text, LM if is_lm else T2I, "directory")
+    from .t2i import KNOWN_MODELS
+
+    known = KNOWN_MODELS.get(text)
+    return ModelSpec(text, T2I, "embedded" if known is not None and known.embedded else "hub")
+
+
+def kind_of(model) -> str:
+    """``"lm"`` for a loaded language model (`interp.models.lm.LanguageModel`, a bare Hugging Face causal LM or a
+    TransformerLens ``HookedTransformer``), ``"t2i"`` for a text-to-image model (a `T2IModel`, a diffusers
+    pipeline or a U-Net); a ValueError naming the type for anything else."""
+    if hasattr(model, "backend") and hasattr(model, "n_layers"):
+        return LM
+    if hasattr(model, "unet") or (hasattr(model, "down_blocks") and hasattr(model, "up_blocks")):
+        return T2I
+    if hasattr(model, "hook_dict") and hasattr(model, "cfg"):
+        return LM
+    if getattr(getattr(model, "config", None), "num_hidden_layers", None) is not None:
+        return LM
+    raise ValueError(f"cannot tell what {type(model).__name__} is: expected a T2IModel, a diffusers pipeline or "
+                     f"denoiser, or a language model (interp.models.lm.LanguageModel)")
+
+
+__all__ = ["KINDS", "LM", "ModelSpec", "T2I", "kind_of", "model_spec"]
