@@ -206,6 +206,27 @@ def summarise(library, blocks: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def add_causal_arguments(parser) -> None:
+    """`saes causal`: the SAEs and their cards, which blocks and features, the scenes and the edit's strength."""
+    from interp.cli import add_dtype_argument, at_least
+
+    parser.add_argument("--model", default="toy", help="the model the SAEs belong to (images are generated with it)")
+    parser.add_argument("--sae", required=True, help="directory with one SAE per block and its features.json "
+                                                     "(e.g. a copy of saes/pretrained/toy)")
+    parser.add_argument("--block", action="append", default=None, help="score only this block (repeatable)")
+    parser.add_argument("--scenes", type=at_least(1), default=N_SCENES, help="held-out scenes per label")
+    parser.add_argument("--strength", type=float, default=STRENGTH,
+                        help="x the feature's mean activation (default 3: the Paint tab's default strength)")
+    parser.add_argument("--per-label", type=at_least(1), default=None,
+                        help="score only the N best-AUROC features of each label (default: every labelled feature)")
+    parser.add_argument("--seed", type=int, default=SEED, help="seed of the scenes (with the label)")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    add_dtype_argument(parser, default=None)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="rewrite features.json shipped with the repository (saes/pretrained/...)")
+
+
 def causal_command(args, load_model) -> int:
     """`python -m saes causal`: score the labelled features of a library's blocks and store the scores.
     load_model(args): the T2IModel (`saes.__main__._load_model`), called once the arguments are checked."""
