@@ -23,6 +23,13 @@ positions against it, the causal label scores paint into it):
 
 A scene has `.objects` and `.background` (its value of the attribute "background"); an object has its value of
 each object attribute as an attribute of the same name (`obj.colour`), and its cell as `obj.position`.
+The world's attributes come by role, so that generic code (the SAE report, splice fidelity, causal label scores,
+the Paint tab) names none of them:
+
+    truth.object_attributes              # every object attribute, in the world's order (the probe scores each)
+    truth.key_attributes                 # those every value of which the SAE report wants a labelled feature for
+    truth.hides_on_background            # the object attribute an object vanishes by sharing with the background
+    example_label(truth)                 # "attribute=value" of the first key attribute (hints and messages)
 
 A new world implements `GroundTruth` and is added to `WORLDS`; a model made in it names it (`KnownModel.world`,
 `T2IModel.world`).
@@ -80,6 +87,23 @@ class GroundTruth(Protocol):
     def caption(self, scene) -> str:
         """The canonical caption of a scene (``scene(caption(s)) == s``)."""
 
+    # The attributes by role: what the SAE report, splice fidelity, causal label scores and the Paint tab read
+    # instead of naming a world's attributes.
+
+    object_attributes: tuple[str, ...]  # every object attribute, in attribute_values' order ("position": the cell);
+    # probe().score(image, scene) gives one accuracy per object attribute, "background" and "all"
+    key_attributes: tuple[str, ...]  # the object attributes that tell objects apart at a glance: every value of them
+    # is a label target of the SAE report and has its mixture distance measured; the first is what the Paint tab
+    # starts with (a feature labelled with it visibly changes what it is painted on)
+    hides_on_background: str | None  # the object attribute whose value, when it is the background's, hides the
+    # object (a causal label score never paints that value on it); None when no attribute does
+
+
+def example_label(truth: GroundTruth) -> str:
+    """An "attribute=value" label of the world, for hints and messages: its first key attribute's first value."""
+    attribute = truth.key_attributes[0]
+    return next(f"{a}={v}" for a, v in truth.attribute_values() if a == attribute)
+
 
 def _shapes() -> GroundTruth:
     from .zoo.shapes import WORLD
@@ -135,5 +159,5 @@ def require_ground_truth(model, what: str, instead: str = "") -> GroundTruth:
     return truth
 
 
-__all__ = ["GroundTruth", "GroundTruthError", "WORLDS", "ground_truth_for", "ground_truth_of",
+__all__ = ["GroundTruth", "GroundTruthError", "WORLDS", "example_label", "ground_truth_for", "ground_truth_of",
            "require_ground_truth", "world"]

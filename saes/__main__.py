@@ -75,6 +75,32 @@ def _parse_options(pairs: list[str]) -> dict:
     return options
 
 
+def _add_train_arguments(parser) -> None:
+    """`saes train`: the store and block, the architecture and its sizes, the schedule, resuming."""
+    parser.add_argument("--store", required=True, help="activation store directory (python -m interp collect)")
+    parser.add_argument("--block", required=True, help="block name, e.g. unet.mid_block.attentions.0")
+    parser.add_argument("--out", required=True, help="output directory: SAE, checkpoint, train_log.jsonl")
+    parser.add_argument("--architecture", default="topk",
+                        help="topk (ours, fast), or sae-lens': batchtopk, matryoshka, jumprelu, standard, lens-topk")
+    parser.add_argument("--d-sae", type=int, default=5120)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--tokens", type=int, default=20_000_000, help="training vectors in total")
+    parser.add_argument("--dead-after-tokens", type=int, default=10_000_000)
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="architecture option, e.g. aux_k=256, l1_coefficient=5 or matryoshka_widths=[32,128,256]")
+    parser.add_argument("--log-every", type=int, default=10, help="steps between log lines")
+    parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--autocast", action="store_true",
+                        help="topk: the dense encoder product in bfloat16 (about 1.5x faster a step on a CPU with AMX, "
+                             "the same EV; it only chooses the k latents, whose values and gradients stay float32)")
+    parser.add_argument("--threads", type=at_least(1),
+                        default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
+    parser.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
+
+
 def _train(args) -> int:
     import torch
     import torch.distributed as dist
@@ -115,6 +141,36 @@ def _train(args) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+def _add_eval_arguments(parser) -> None:
+    """`saes eval`: where the activations come from (a store, or --world N generations), splice fidelity, and for a
+    language model's SAE the held-out --text."""
+    parser.add_argument("--sae", required=True, help="SAE directory (cfg.json + sae_weights.safetensors)")
+    parser.add_argument("--store", default=None, help="activation store to measure on")
+    parser.add_argument("--world", type=at_least(1), default=None, metavar="N",
+                        help="instead of a store: N fresh generations of shapes-world captions (needs --model)")
+    parser.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
+    parser.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
+    parser.add_argument("--model", default=None, help="toy, sdxl-turbo, ... : also measure splice-in fidelity")
+    parser.add_argument("--fidelity-images", type=at_least(0), default=32, help="images generated for splice fidelity")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="denoising steps (default: the store's, else the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    parser.add_argument("--block", default=None, help="default: the block the SAE was trained on")
+    parser.add_argument("--tokens", type=at_least(1), default=None, help="evaluate on at most this many vectors")
+    parser.add_argument("--batch-size", type=at_least(1), default=4096)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    parser.add_argument("--text", default=None, help="language models (with --model toy-chat, ...): held-out text "
+                                                     "(JSONL or plain) for CE loss clean / SAE spliced / zero-ablated, "
+                                                     "loss recovered and KL; --tokens caps the scored tokens")
+    parser.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
+    parser.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
+    parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
+                        help="--text: the language model's backend (both read the same residual stream)")
+    add_dtype_argument(parser, default=None, said=MIXED_DEFAULT)
+    parser.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json, or for a shipped SAE "
+                                                    "runs/eval/<its path>/eval.json; .md beside it)")
 
 
 def _eval(args) -> int:
@@ -208,6 +264,39 @@ def _sae_dirs(paths: list[str]) -> list[Path]:
     return dirs
 
 
+def _add_features_arguments(parser) -> None:
+    """`saes features`: the SAEs, the analysis images (a store or --world N generations), the cards' options, and
+    for a language model's SAEs the --text corpus."""
+    parser.add_argument("--model", default="toy", help="the model the SAEs belong to (images are generated with it)")
+    parser.add_argument("--sae", required=True, nargs="+",
+                        help="SAE directories, or a directory with one SAE per block (e.g. saes/pretrained/toy)")
+    parser.add_argument("--store", default=None, help="analyse the first --images images of this activation store")
+    parser.add_argument("--world", type=int, default=None, metavar="N", help="analyse N fresh shapes-world images")
+    parser.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
+    parser.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
+    parser.add_argument("--images", type=at_least(1), default=None,
+                        help=f"with --store: how many of its images (default: {STORE_POOL_IMAGES}, or all it holds if "
+                             f"fewer)")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    parser.add_argument("--top", type=int, default=6, help="top-activating images per feature")
+    parser.add_argument("--label-min-auroc", type=probability, default=0.7, help="AUROC a label needs (0 to 1)")
+    parser.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
+    parser.add_argument("--model-name", default=None, help="the model's name in features.json (default: --model)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="rewrite files shipped with the repository (saes/pretrained/...) and replace an image "
+                             "pool that other blocks' cards point into; without it either is an error")
+    add_dtype_argument(parser, default=None, said=MIXED_DEFAULT)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    parser.add_argument("--out", default=None, help="directory for features.html and features_summary.json (LM "
+                                                    "SAEs: for features.json and features.html; default: the SAE's)")
+    parser.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
+                                                     "with Dolly's or text fields, or plain text lines)")
+    parser.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
+    parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
+                        help="--text: the language model's backend (both read the same residual stream)")
+
+
 def _features(args) -> int:
     from interp.shipped import refuse_shipped
 
@@ -276,6 +365,27 @@ def _causal(args) -> int:
     return causal_command(args, _load_model)
 
 
+def _add_report_arguments(parser) -> None:
+    """`saes report`: the SAEs under --root, the fresh generations they are measured on, the feature analysis."""
+    parser.add_argument("--model", default="toy")
+    parser.add_argument("--root", required=True, help="directory with one SAE per block (e.g. saes/pretrained/toy)")
+    parser.add_argument("--features-summary", default=None, help="features_summary.json of `python -m saes features`")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    parser.add_argument("--store", default=None, help="the training activation store: dead features over all of it")
+    parser.add_argument("--eval-images", type=int, default=500, help="fresh images for EV, L0, dead features")
+    parser.add_argument("--fidelity-images", type=int, default=64, help="images for splice fidelity")
+    parser.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
+    parser.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
+    parser.add_argument("--notes-file", default=None, help="markdown appended to REPORT.md as its Notes section")
+    parser.add_argument("--model-name", default=None, help="the model's name in the report (default: --model)")
+    add_dtype_argument(parser, default=None)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    parser.add_argument("--out", default=None, help="default: --root")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="rewrite REPORT.md and report.json shipped with the repository (saes/pretrained/...)")
+
+
 def _report(args) -> int:
     from interp.shipped import refuse_shipped
 
@@ -308,6 +418,21 @@ def _report(args) -> int:
     return 0
 
 
+def _add_probe_arguments(parser) -> None:
+    """`saes probe`: the model and the fresh generations its blocks are probed on."""
+    parser.add_argument("--model", default="toy", help="toy, a saved pipeline directory (e.g. a recipe run's), ...")
+    parser.add_argument("--images", type=int, default=300, help="fresh shapes-world generations")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    parser.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
+    parser.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
+    parser.add_argument("--ablate-images", type=at_least(0), default=200,
+                        help="generations with each block ablated in turn, read by the probe (0: none)")
+    add_dtype_argument(parser, default=None)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    parser.add_argument("--out", required=True, help="directory for probes.json and PROBES.md")
+
+
 def _probe(args) -> int:
     from interp.atomic import atomic_write_text
 
@@ -326,6 +451,14 @@ def _probe(args) -> int:
     return 0
 
 
+def _add_import_sdxl_arguments(parser) -> None:
+    """`saes import-sdxl`: the published checkpoint and where its sae-lens directory goes."""
+    parser.add_argument("--checkpoint", required=True, help="state_dict.pth or its directory (with mean.pt / std.pt)")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--block", default=None, help="block name to record, e.g. unet.down_blocks.2.attentions.1")
+    parser.add_argument("--k", type=int, default=None, help="default: config.json beside it, else 10")
+
+
 def _import_sdxl(args) -> int:
     from .importers import import_openai_topk
 
@@ -340,155 +473,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m saes", description="Train, evaluate and import SAEs.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    tr = commands.add_parser("train", help="train an SAE on one block of an activation store (resumable)")
-    tr.add_argument("--store", required=True, help="activation store directory (python -m interp collect)")
-    tr.add_argument("--block", required=True, help="block name, e.g. unet.mid_block.attentions.0")
-    tr.add_argument("--out", required=True, help="output directory: SAE, checkpoint, train_log.jsonl")
-    tr.add_argument("--architecture", default="topk",
-                    help="topk (ours, fast), or sae-lens': batchtopk, matryoshka, jumprelu, standard, lens-topk")
-    tr.add_argument("--d-sae", type=int, default=5120)
-    tr.add_argument("--k", type=int, default=10)
-    tr.add_argument("--batch-size", type=int, default=4096)
-    tr.add_argument("--lr", type=float, default=1e-4)
-    tr.add_argument("--tokens", type=int, default=20_000_000, help="training vectors in total")
-    tr.add_argument("--dead-after-tokens", type=int, default=10_000_000)
-    tr.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                    help="architecture option, e.g. aux_k=256, l1_coefficient=5 or matryoshka_widths=[32,128,256]")
-    tr.add_argument("--log-every", type=int, default=10, help="steps between log lines")
-    tr.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--autocast", action="store_true",
-                    help="topk: the dense encoder product in bfloat16 (about 1.5x faster a step on a CPU with AMX, "
-                         "the same EV; it only chooses the k latents, whose values and gradients stay float32)")
-    tr.add_argument("--threads", type=at_least(1),
-                    default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
-    tr.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
-    tr.set_defaults(run=_train)
+    from .causal import add_causal_arguments
 
-    ev = commands.add_parser("eval", help="explained variance, L0, dead and dense features, and with --model "
-                                          "splice-in fidelity (JSON + markdown)")
-    ev.add_argument("--sae", required=True, help="SAE directory (cfg.json + sae_weights.safetensors)")
-    ev.add_argument("--store", default=None, help="activation store to measure on")
-    ev.add_argument("--world", type=at_least(1), default=None, metavar="N",
-                    help="instead of a store: N fresh generations of shapes-world captions (needs --model)")
-    ev.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
-    ev.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
-    ev.add_argument("--model", default=None, help="toy, sdxl-turbo, ... : also measure splice-in fidelity")
-    ev.add_argument("--fidelity-images", type=at_least(0), default=32, help="images generated for splice fidelity")
-    ev.add_argument("--steps", type=int, default=None, help="denoising steps (default: the store's, else the model's)")
-    ev.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
-    ev.add_argument("--block", default=None, help="default: the block the SAE was trained on")
-    ev.add_argument("--tokens", type=at_least(1), default=None, help="evaluate on at most this many vectors")
-    ev.add_argument("--batch-size", type=at_least(1), default=4096)
-    ev.add_argument("--threads", type=at_least(1), default=1)
-    ev.add_argument("--text", default=None, help="language models (with --model toy-chat, ...): held-out text "
-                                                 "(JSONL or plain) for CE loss clean / SAE spliced / zero-ablated, "
-                                                 "loss recovered and KL; --tokens caps the scored tokens")
-    ev.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
-    ev.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
-    ev.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
-                    help="--text: the language model's backend (both read the same residual stream)")
-    add_dtype_argument(ev, default=None, said=MIXED_DEFAULT)
-    ev.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json, or for a shipped SAE "
-                                                "runs/eval/<its path>/eval.json; .md beside it)")
-    ev.set_defaults(run=_eval)
-
-    fe = commands.add_parser("features", help="feature cards: frequency, mean activation, top images with "
-                                              "heatmaps, shapes-world labels by AUROC (JSON + HTML)")
-    fe.add_argument("--model", default="toy", help="the model the SAEs belong to (images are generated with it)")
-    fe.add_argument("--sae", required=True, nargs="+",
-                    help="SAE directories, or a directory with one SAE per block (e.g. saes/pretrained/toy)")
-    fe.add_argument("--store", default=None, help="analyse the first --images images of this activation store")
-    fe.add_argument("--world", type=int, default=None, metavar="N", help="analyse N fresh shapes-world images")
-    fe.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
-    fe.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
-    fe.add_argument("--images", type=at_least(1), default=None,
-                    help=f"with --store: how many of its images (default: {STORE_POOL_IMAGES}, or all it holds if "
-                         f"fewer)")
-    fe.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
-    fe.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
-    fe.add_argument("--top", type=int, default=6, help="top-activating images per feature")
-    fe.add_argument("--label-min-auroc", type=probability, default=0.7, help="AUROC a label needs (0 to 1)")
-    fe.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
-    fe.add_argument("--model-name", default=None, help="the model's name in features.json (default: --model)")
-    fe.add_argument("--overwrite", action="store_true",
-                    help="rewrite files shipped with the repository (saes/pretrained/...) and replace an image pool "
-                         "that other blocks' cards point into; without it either is an error")
-    add_dtype_argument(fe, default=None, said=MIXED_DEFAULT)
-    fe.add_argument("--threads", type=at_least(1), default=1)
-    fe.add_argument("--out", default=None, help="directory for features.html and features_summary.json (LM "
-                                                "SAEs: for features.json and features.html; default: the SAE's)")
-    fe.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
-                                                 "with Dolly's or text fields, or plain text lines)")
-    fe.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
-    fe.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
-                    help="--text: the language model's backend (both read the same residual stream)")
-    fe.set_defaults(run=_features)
-
-    from . import causal
-
-    ca = commands.add_parser("causal", help="causal label scores: how often painting a labelled feature into "
-                                            "held-out objects makes the probe read its label (into features.json)")
-    ca.add_argument("--model", default="toy", help="the model the SAEs belong to (images are generated with it)")
-    ca.add_argument("--sae", required=True, help="directory with one SAE per block and its features.json "
-                                                 "(e.g. a copy of saes/pretrained/toy)")
-    ca.add_argument("--block", action="append", default=None, help="score only this block (repeatable)")
-    ca.add_argument("--scenes", type=at_least(1), default=causal.N_SCENES, help="held-out scenes per label")
-    ca.add_argument("--strength", type=float, default=causal.STRENGTH,
-                    help="x the feature's mean activation (default 3: the Paint tab's default strength)")
-    ca.add_argument("--per-label", type=at_least(1), default=None,
-                    help="score only the N best-AUROC features of each label (default: every labelled feature)")
-    ca.add_argument("--seed", type=int, default=causal.SEED, help="seed of the scenes (with the label)")
-    ca.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
-    add_dtype_argument(ca, default=None)
-    ca.add_argument("--threads", type=at_least(1), default=1)
-    ca.add_argument("--overwrite", action="store_true",
-                    help="rewrite features.json shipped with the repository (saes/pretrained/...)")
-    ca.set_defaults(run=_causal)
-
-    re_ = commands.add_parser("report", help="evaluation report of a model's SAEs: EV, L0, dead, splice fidelity, "
-                                             "which blocks carry which attributes (REPORT.md + report.json)")
-    re_.add_argument("--model", default="toy")
-    re_.add_argument("--root", required=True, help="directory with one SAE per block (e.g. saes/pretrained/toy)")
-    re_.add_argument("--features-summary", default=None, help="features_summary.json of `python -m saes features`")
-    re_.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
-    re_.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
-    re_.add_argument("--store", default=None, help="the training activation store: dead features over all of it")
-    re_.add_argument("--eval-images", type=int, default=500, help="fresh images for EV, L0, dead features")
-    re_.add_argument("--fidelity-images", type=int, default=64, help="images for splice fidelity")
-    re_.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
-    re_.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
-    re_.add_argument("--notes-file", default=None, help="markdown appended to REPORT.md as its Notes section")
-    re_.add_argument("--model-name", default=None, help="the model's name in the report (default: --model)")
-    add_dtype_argument(re_, default=None)
-    re_.add_argument("--threads", type=at_least(1), default=1)
-    re_.add_argument("--out", default=None, help="default: --root")
-    re_.add_argument("--overwrite", action="store_true",
-                     help="rewrite REPORT.md and report.json shipped with the repository (saes/pretrained/...)")
-    re_.set_defaults(run=_report)
-
-    pr = commands.add_parser("probe", help="where a model codes each attribute, before any SAE: linear probes, "
-                                           "dimensions, the one-direction ceiling and the mixture distance per "
-                                           "value in every block (shapes world)")
-    pr.add_argument("--model", default="toy", help="toy, a saved pipeline directory (e.g. a recipe run's), ...")
-    pr.add_argument("--images", type=int, default=300, help="fresh shapes-world generations")
-    pr.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
-    pr.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
-    pr.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
-    pr.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
-    pr.add_argument("--ablate-images", type=at_least(0), default=200,
-                    help="generations with each block ablated in turn, read by the probe (0: none)")
-    add_dtype_argument(pr, default=None)
-    pr.add_argument("--threads", type=at_least(1), default=1)
-    pr.add_argument("--out", required=True, help="directory for probes.json and PROBES.md")
-    pr.set_defaults(run=_probe)
-
-    im = commands.add_parser("import-sdxl", help="convert a published SDXL Turbo SAE (state_dict.pth) to sae-lens format")
-    im.add_argument("--checkpoint", required=True, help="state_dict.pth or its directory (with mean.pt / std.pt)")
-    im.add_argument("--out", required=True)
-    im.add_argument("--block", default=None, help="block name to record, e.g. unet.down_blocks.2.attentions.1")
-    im.add_argument("--k", type=int, default=None, help="default: config.json beside it, else 10")
-    im.set_defaults(run=_import_sdxl)
+    for name, help_text, add_arguments, command in (
+        ("train", "train an SAE on one block of an activation store (resumable)", _add_train_arguments, _train),
+        ("eval", "explained variance, L0, dead and dense features, and with --model splice-in fidelity (JSON + "
+                 "markdown)", _add_eval_arguments, _eval),
+        ("features", "feature cards: frequency, mean activation, top images with heatmaps, shapes-world labels by "
+                     "AUROC (JSON + HTML)", _add_features_arguments, _features),
+        ("causal", "causal label scores: how often painting a labelled feature into held-out objects makes the "
+                   "probe read its label (into features.json)", add_causal_arguments, _causal),
+        ("report", "evaluation report of a model's SAEs: EV, L0, dead, splice fidelity, which blocks carry which "
+                   "attributes (REPORT.md + report.json)", _add_report_arguments, _report),
+        ("probe", "where a model codes each attribute, before any SAE: linear probes, dimensions, the one-direction "
+                  "ceiling and the mixture distance per value in every block (shapes world)", _add_probe_arguments,
+         _probe),
+        ("import-sdxl", "convert a published SDXL Turbo SAE (state_dict.pth) to sae-lens format",
+         _add_import_sdxl_arguments, _import_sdxl),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        add_arguments(sub)
+        sub.set_defaults(run=command)
 
     return run_command(add_overwrite_options(parser).parse_args(argv),
                        interrupted="interrupted; run the same command again to resume")

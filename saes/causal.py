@@ -11,9 +11,11 @@ green. The causal label score measures the edit itself, on the shapes world:
     causal_label = share of scenes where the probe reads the labelled value on the edited image,
     causal_label_before = the same share on the unedited image (about 0 by construction).
 
-What "reads the labelled value" means per attribute: colour, shape, size, texture: the object the probe finds
-in the target object's cell has the value; position=P: the probe finds an object in cell P (empty in the
-scene); background=B: the edit covers everything outside the objects and the probe reads background B.
+What "reads the labelled value" means per attribute: an object attribute (the shapes world's colour, shape, size,
+texture): the object the probe finds in the target object's cell has the value; position=P: the probe finds an
+object in cell P (empty in the scene); background=B: the edit covers everything outside the objects and the probe
+reads background B. A value that would hide an object on its background (`GroundTruth.hides_on_background`: the
+shapes world's colours) is never asked of an object on that background, nor of a background behind such an object.
 
 Scenes are drawn from the world's held-out split (combinations the model never trained on; the model's
 `GroundTruth` draws them, captions them and gives their objects' masks) by a generator seeded with `seed` and
@@ -50,8 +52,8 @@ class Trial:
 
     prompt: str
     seed: int
-    scene: object           # a scene of the world (interp.zoo.shapes.Scene)
-    target: object | None   # the edited object (a ShapeObject); None for a background label
+    scene: object           # a scene of the world (`GroundTruth`: .objects, .background)
+    target: object | None   # the edited object (one of scene.objects); None for a background label
     region: np.ndarray      # (image_size, image_size) bool
 
 
@@ -59,10 +61,13 @@ def label_trials(label: str, n: int = N_SCENES, seed: int = SEED, *, truth) -> l
     """The n held-out scenes of the world `truth` (a `GroundTruth`: its held-out scenes, captions and masks) a
     label ("attribute=value") is tested on, each with the object (or background) the edit covers, chosen so
     that the scene does not already show the value there."""
+    from interp.ground_truth import example_label
+
     attribute, _, value = label.partition("=")
     if attribute not in {a for a, _ in truth.attribute_values()} or not value:
-        raise CausalError(f"a causal label score needs a label of the {truth.name} world like colour=red, "
-                          f"not {label!r}")
+        raise CausalError(f"a causal label score needs a label of the {truth.name} world like "
+                          f"{example_label(truth)}, not {label!r}")
+    hides = truth.hides_on_background  # an object with the background's value of it cannot be seen
     size = truth.image_size
     rng = np.random.default_rng([seed, zlib.crc32(label.encode())])
     trials = []
@@ -71,7 +76,7 @@ def label_trials(label: str, n: int = N_SCENES, seed: int = SEED, *, truth) -> l
             break
         scene = truth.held_out_scene(rng)
         if attribute == "background":
-            if scene.background == value or any(getattr(o, "colour", None) == value for o in scene.objects):
+            if scene.background == value or hides and any(getattr(o, hides) == value for o in scene.objects):
                 continue  # the edit could not show a background the objects would vanish into
             target, region = None, ~truth.foreground_mask(scene, size)
         elif attribute == "position":
@@ -80,8 +85,8 @@ def label_trials(label: str, n: int = N_SCENES, seed: int = SEED, *, truth) -> l
             target = scene.objects[0]
             region = truth.object_mask(target, size) > 0
         else:
-            if attribute == "colour" and scene.background == value:
-                continue  # an object of the background's colour cannot be drawn
+            if attribute == hides and scene.background == value:
+                continue  # an object of the background's colour (the world's hides_on_background) cannot be seen
             target = next((o for o in scene.objects if getattr(o, attribute) != value), None)
             if target is None:
                 continue
@@ -204,6 +209,27 @@ def summarise(library, blocks: list[str]) -> str:
         lines.append(f"| {label} | {block} | {n} | #{a['id']} ({a['auroc']:.3f}, {a['causal_label']:.2f}) | "
                      f"#{s['id']} ({s['auroc']:.3f}, {s['causal_label']:.2f}) |")
     return "\n".join(lines) + "\n"
+
+
+def add_causal_arguments(parser) -> None:
+    """`saes causal`: the SAEs and their cards, which blocks and features, the scenes and the edit's strength."""
+    from interp.cli import add_dtype_argument, at_least
+
+    parser.add_argument("--model", default="toy", help="the model the SAEs belong to (images are generated with it)")
+    parser.add_argument("--sae", required=True, help="directory with one SAE per block and its features.json "
+                                                     "(e.g. a copy of saes/pretrained/toy)")
+    parser.add_argument("--block", action="append", default=None, help="score only this block (repeatable)")
+    parser.add_argument("--scenes", type=at_least(1), default=N_SCENES, help="held-out scenes per label")
+    parser.add_argument("--strength", type=float, default=STRENGTH,
+                        help="x the feature's mean activation (default 3: the Paint tab's default strength)")
+    parser.add_argument("--per-label", type=at_least(1), default=None,
+                        help="score only the N best-AUROC features of each label (default: every labelled feature)")
+    parser.add_argument("--seed", type=int, default=SEED, help="seed of the scenes (with the label)")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    add_dtype_argument(parser, default=None)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="rewrite features.json shipped with the repository (saes/pretrained/...)")
 
 
 def causal_command(args, load_model) -> int:

@@ -23,7 +23,12 @@ import numpy as np
 import torch
 
 VARIANTS = ("original", "splice", "splice_with_error", "ablate")
-PROBE_ATTRIBUTES = ("all", "background", "shape", "colour", "size", "texture", "position")
+
+
+def probe_attributes(truth) -> tuple[str, ...]:
+    """What the world's probe scores an image on, in the order of the tables: every object attribute and the
+    background at once ("all"), the background, then each object attribute (`GroundTruth.object_attributes`)."""
+    return ("all", "background", *truth.object_attributes)
 
 
 def _images(model, prompts, seeds, steps, guidance) -> np.ndarray:
@@ -54,8 +59,9 @@ def _compare_variants(model, edits: dict, prompts: list[str], seeds: list[int], 
     from interp.hooks import apply_edits
 
     reader, scenes = (world[0].probe(), world[1]) if world is not None else (None, None)
+    attributes = probe_attributes(world[0]) if world is not None else ()
     distances = {name: {"pixel_mae": [], "pixel_rmse": []} for name in edits}
-    scores = {name: {a: [] for a in PROBE_ATTRIBUTES} for name in ["original", *edits]} if reader else {}
+    scores = {name: {a: [] for a in attributes} for name in ["original", *edits]} if reader else {}
     for start in tqdm(range(0, len(prompts), batch_size), desc=desc, unit="batch", disable=not progress):
         chunk, chunk_seeds = prompts[start:start + batch_size], seeds[start:start + batch_size]
         generated = {"original": _images(model, chunk, chunk_seeds, steps, guidance)}
@@ -70,7 +76,7 @@ def _compare_variants(model, edits: dict, prompts: list[str], seeds: list[int], 
             for name, images in generated.items():
                 for image, scene in zip(images, scenes[start:start + batch_size]):
                     score = reader.score(image, scene)
-                    for attribute in PROBE_ATTRIBUTES:
+                    for attribute in attributes:
                         scores[name][attribute].append(score[attribute])
     return distances, scores
 
@@ -88,8 +94,8 @@ def splice_fidelity(model, sae, block: str, prompts: list[str], seeds: list[int]
                     probe: bool | None = None, progress: bool = False) -> dict:
     """Generate `prompts` as original, spliced (with and without the error term) and ablated.
 
-    probe: score attributes with the shapes-world probe (default: when every prompt is a
-    caption of the world). Returns JSON data: per variant the pixel distances to the
+    probe: score attributes with the world's probe (default: when every prompt is a caption of a world with
+    ground truth, the shapes world's for the toy). Returns JSON data: per variant the pixel distances to the
     original (mean over images) and, with the probe, attribute accuracy (mean over images).
     """
     from interp.edits import Edit
@@ -145,7 +151,7 @@ def block_ablations(model, blocks: list[str], prompts: list[str], seeds: list[in
     for block in blocks:
         rmse = float(np.mean(distances[block]["pixel_rmse"]))
         result["blocks"][block] = {"probe_accuracy": accuracy[block],
-                                   "drop": {a: original[a] - accuracy[block][a] for a in PROBE_ATTRIBUTES},
+                                   "drop": {a: original[a] - accuracy[block][a] for a in original},
                                    "pixel_rmse": rmse, "psnr": _psnr(rmse)}
     return result
 
@@ -153,8 +159,8 @@ def block_ablations(model, blocks: list[str], prompts: list[str], seeds: list[in
 def ablation_table(ablations: dict, carried_drop: float = 0.2) -> str:
     """Markdown: per block the probe's accuracy with the block ablated (bold: a drop of at least `carried_drop`
     from the unedited images, the first row), PSNR to the unedited images, and the attributes it carries."""
-    attributes = PROBE_ATTRIBUTES[1:]
     original = ablations["original"]
+    attributes = [a for a in original if a != "all"]  # the world's (`probe_attributes`), as measured
     lines = ["| block ablated | " + " | ".join(attributes) + " | all | PSNR (dB) | carries |",
              "|---|" + "---:|" * (len(attributes) + 2) + "---|",
              "| (none) | " + " | ".join(f"{original[a]:.2f}" for a in attributes) + f" | {original['all']:.2f} | - | - |"]
@@ -178,9 +184,10 @@ def fidelity_table(results: dict[str, dict]) -> str:
     probe = any(r["probe"] for r in results.values())
     header = "| block | variant | pixel MAE | PSNR (dB) |"
     rule = "|---|---|---:|---:|"
-    if probe:
-        header += " probe all | background | shape | colour | size | texture | position |"
-        rule += "---:|" * 7
+    if probe:  # the world's probe attributes (`probe_attributes`), as measured
+        attributes = next(list(r["variants"]["original"]["probe_accuracy"]) for r in results.values() if r["probe"])
+        header += " probe " + " | ".join(attributes) + " |"
+        rule += "---:|" * len(attributes)
     lines = [header, rule]
     for name, result in results.items():
         for variant in VARIANTS:
@@ -190,6 +197,6 @@ def fidelity_table(results: dict[str, dict]) -> str:
             row = f"| {name} | {variant} | {mae} | {psnr} |"
             if probe:
                 acc = entry.get("probe_accuracy")
-                row += "".join(f" {acc[a]:.3f} |" if acc else " - |" for a in PROBE_ATTRIBUTES)
+                row += "".join(f" {acc[a]:.3f} |" if acc else " - |" for a in attributes)
             lines.append(row)
     return "\n".join(lines) + "\n"

@@ -2,8 +2,9 @@
 splice-in fidelity, and which blocks carry which attributes (from the feature analysis).
 
 Written as `report.json` (everything) and `REPORT.md` (tables) by `python -m saes report`.
-Targets checked (issue 4): explained variance >= 0.8, dead features <= 5%, and every colour
-and every shape of the shapes world has a feature labelled with it at AUROC >= 0.9 in some block.
+Targets checked (issue 4): explained variance >= 0.8, dead features <= 5%, and every value of the world's key
+attributes (`GroundTruth.key_attributes`; the shapes world's colours and shapes) has a feature labelled with it at
+AUROC >= 0.9 in some block. The report names its world ("world"), whose attributes order its tables.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from interp.atomic import atomic_write_text
 
 from .evaluate import evaluate
-from .features import OBJECT_ATTRIBUTES, cell_probe_accuracy, direction_ceiling, generate_pool, mixture_distances
+from .features import cell_probe_accuracy, direction_ceiling, generate_pool, mixture_distances
 from .fidelity import fidelity_table, splice_fidelity
 from .sae import SAE, load_sae_set
 from .strict_json import write_json
@@ -91,20 +92,22 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
                                   and dead_fraction <= TARGETS["dead_fraction_max"]),
             "splice_fidelity": fidelity,
         }
-    report = {"model": model.name, "n_eval_images": n_eval_images, "n_fidelity_images": n_fidelity_images,
-              "world_seed": world_seed, "seed": seed, "targets": TARGETS, "blocks": blocks}
+    report = {"model": model.name, "world": truth.name, "n_eval_images": n_eval_images,
+              "n_fidelity_images": n_fidelity_images, "world_seed": world_seed, "seed": seed, "targets": TARGETS,
+              "blocks": blocks}
     scenes = truth.scenes(pool.prompts)
     if scenes is not None:
         report |= block_geometry(pool.updates, scenes, ceiling_blocks=list(saes), truth=truth)
     if features_summary is not None:
         coverage = label_coverage(features_summary, TARGETS["label_auroc_min"])
         values = truth.attribute_values()
-        wanted = [f"{a}={v}" for attribute in ("colour", "shape") for a, v in values if a == attribute]
+        wanted = [f"{a}={v}" for attribute in truth.key_attributes for a, v in values if a == attribute]
         report["attributes_by_block"] = {
             block: {label: entry["best_auroc"] for label, entry in summary["attribute_values"].items()}
             for block, summary in features_summary["blocks"].items()}
         report["best_block"] = features_summary.get("best_block", {})
         report["label_coverage"] = coverage
+        # the key attributes' values (named for the shapes world's colours and shapes: the file format keeps it)
         report["colours_and_shapes_labelled"] = {
             label: coverage.get(label, {"auroc": None, "meets_target": False}) for label in wanted}
         report["all_colours_and_shapes_labelled"] = all(
@@ -119,16 +122,32 @@ def block_geometry(updates: dict[str, "torch.Tensor"], scenes: list, ceiling_blo
     spent, `cell_probe_accuracy`) and, for `ceiling_blocks` (default: all), the best single direction's AUROC
     per object attribute value (`direction_ceiling`); `truth`: the world of the scenes (its layout)."""
     ceiling_blocks = list(updates) if ceiling_blocks is None else ceiling_blocks
-    return {"block_probes": {block: cell_probe_accuracy(u, scenes, truth=truth) for block, u in updates.items()},
-            "direction_ceiling": {block: direction_ceiling(updates[block], scenes, OBJECT_ATTRIBUTES, truth=truth)
-                                  for block in ceiling_blocks},
-            "mixture_distance": {block: mixture_distances(updates[block], scenes, ("colour", "shape"), truth=truth)
+    probed = _attribute_order(truth)[:-1]  # the key attributes first, then the other object attributes
+    return {"block_probes": {block: cell_probe_accuracy(u, scenes, probed, truth=truth)
+                             for block, u in updates.items()},
+            "direction_ceiling": {block: direction_ceiling(updates[block], scenes, truth.object_attributes,
+                                                           truth=truth) for block in ceiling_blocks},
+            "mixture_distance": {block: mixture_distances(updates[block], scenes, truth.key_attributes, truth=truth)
                                  for block in ceiling_blocks}}
+
+
+def _attribute_order(truth) -> list[str]:
+    """The order of the report's attribute columns and rows: the world's key attributes, its other object
+    attributes, the background."""
+    return list(dict.fromkeys([*truth.key_attributes, *truth.object_attributes, "background"]))
+
+
+def _world_of(report: dict):
+    """The GroundTruth a report or probe file was measured in (files written before they named it: the shapes
+    world, the only one there was)."""
+    from interp.ground_truth import world
+
+    return world(report.get("world", "shapes"))
 
 
 def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 100_000,
                  ablate_images: int = 0) -> dict:
-    """`block_geometry` of every hookable block of `model` on `n_images` fresh shapes-world generations: the
+    """`block_geometry` of every hookable block of `model` on `n_images` fresh generations of its world: the
     check of a new or retrained model before any SAE is trained on it (a colour that lives on a plane with its
     neighbours, 2 dimensions for 8 values, gets no feature of its own; see saes/pretrained/toy/notes.md).
     A model without ground truth (`interp.ground_truth`) is refused."""
@@ -138,7 +157,7 @@ def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 10
     prompts = truth.prompts(max(n_images, ablate_images), world_seed)
     seeds = [seed + i for i in range(len(prompts))]
     pool = generate_pool(model, list(model.blocks), prompts[:n_images], seeds[:n_images])
-    probes = {"model": model.name, "n_images": n_images, "world_seed": world_seed, "seed": seed,
+    probes = {"model": model.name, "world": truth.name, "n_images": n_images, "world_seed": world_seed, "seed": seed,
               **block_geometry(pool.updates, truth.scenes(pool.prompts), truth=truth)}
     if ablate_images:  # what the image needs from each block, beside what each block's update codes
         from .fidelity import block_ablations
@@ -150,10 +169,12 @@ def probe_blocks(model, n_images: int = 300, world_seed: int = 2, seed: int = 10
 
 def probe_markdown(probes: dict) -> str:
     mixture = probes.get("mixture_distance", {})
+    world = _world_of(probes).name
     lines = [f"# Where {probes['model']} codes each attribute", "",
-             f"{probes['n_images']} fresh shapes-world generations. Linear probe accuracy per block (in brackets: the "
-             "dimensions spent on the attribute, `saes.features.value_mean_dims`):", "", _probe_table(probes).rstrip(),
-             "", "The best single linear direction's held-out AUROC per value (`saes.features.direction_ceiling`), "
+             f"{probes['n_images']} fresh {world}-world generations. Linear probe accuracy per block (in brackets: "
+             "the dimensions spent on the attribute, `saes.features.value_mean_dims`):", "",
+             _probe_table(probes).rstrip(), "",
+             "The best single linear direction's held-out AUROC per value (`saes.features.direction_ceiling`), "
              "the ceiling of any SAE feature's label in that block:", "",
              _per_value_table(probes["direction_ceiling"]).rstrip()]
     if "ablation" in probes:
@@ -189,7 +210,7 @@ def _attribute_table(report: dict) -> str:
     """Best AUROC per attribute (max over its values, and the mean over values) per block."""
     by_block = report["attributes_by_block"]
     blocks = list(by_block)
-    attributes = ("colour", "shape", "size", "texture", "position", "background")
+    attributes = _attribute_order(_world_of(report))
     lines = ["| attribute | " + " | ".join(blocks) + " |", "|---|" + "---:|" * len(blocks)]
     for attribute in attributes:
         cells = []
@@ -243,11 +264,13 @@ def _value_table(report: dict) -> str:
 
 def report_markdown(report: dict) -> str:
     t = report["targets"]
+    truth = _world_of(report)
+    key = " and ".join(truth.key_attributes)
     lines = [f"# SAEs of the {report['model']} model: evaluation report", "",
-             f"Measured on {report['n_eval_images']} fresh shapes-world generations (captions seed "
+             f"Measured on {report['n_eval_images']} fresh {truth.name}-world generations (captions seed "
              f"{report['world_seed']}, image seeds from {report['seed']}); splice fidelity on the first "
              f"{report['n_fidelity_images']}. Targets: explained variance >= {t['explained_variance_min']}, "
-             f"dead features <= {100 * t['dead_fraction_max']:.0f}%, every colour and shape labelled at "
+             f"dead features <= {100 * t['dead_fraction_max']:.0f}%, every {key} labelled at "
              f"AUROC >= {t['label_auroc_min']} in some block.", "",
              "## Reconstruction", "",
              "On the fresh generations (explained variance, L0, dead, dense); dead features also over every "
@@ -286,7 +309,7 @@ def report_markdown(report: dict) -> str:
                   f"(`saes.features.mixture_distances`); near 0, an SAE rebuilds the value from the others' "
                   f"features and gives it none of its own.", "",
                   _attribute_table(report).rstrip(), "", _value_table(report).rstrip(), "",
-                  f"Every colour and shape labelled at AUROC >= {t['label_auroc_min']}: "
+                  f"Every {key} labelled at AUROC >= {t['label_auroc_min']}: "
                   f"{'yes' if report['all_colours_and_shapes_labelled'] else 'no'}"]
         missing = [label for label, v in report["colours_and_shapes_labelled"].items() if not v["meets_target"]]
         if missing:

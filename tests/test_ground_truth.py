@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from interp.ground_truth import (GroundTruth, GroundTruthError, ground_truth_for, ground_truth_of,
-                                 require_ground_truth, world)
+from interp.ground_truth import (WORLDS, GroundTruth, GroundTruthError, example_label, ground_truth_for,
+                                 ground_truth_of, require_ground_truth, world)
 from interp.zoo import shapes
 
 
@@ -30,6 +30,27 @@ def test_the_shapes_world_is_a_ground_truth_of_its_own_captions():
     held_out = truth.held_out_scene(np.random.default_rng(1))
     assert held_out == shapes.sample_split(np.random.default_rng(1), "held_out") and shapes.is_held_out(held_out)
     assert truth.caption(held_out) == shapes.caption(held_out) and truth.scene(truth.caption(held_out)) == held_out
+
+
+@pytest.mark.parametrize("name", list(WORLDS))
+def test_a_world_names_its_attributes_by_role_consistently_with_its_values_and_its_probe(name):
+    """What the report, splice fidelity, causal label scores and the Paint tab read instead of attribute names."""
+    truth = world(name)
+    attributes = list(dict.fromkeys(a for a, _ in truth.attribute_values()))
+    assert attributes == [*truth.object_attributes, "background"] and "position" in truth.object_attributes
+    assert truth.key_attributes and set(truth.key_attributes) <= set(truth.object_attributes)
+    assert truth.hides_on_background is None or truth.hides_on_background in truth.object_attributes
+    scene = truth.scene(truth.prompts(1, seed=0)[0])
+    assert set(truth.probe().score(np.zeros((truth.image_size,) * 2 + (3,), np.uint8), scene)) >= \
+        {"all", "background", *truth.object_attributes}
+    attribute, _, value = example_label(truth).partition("=")
+    assert attribute == truth.key_attributes[0] and (attribute, value) in truth.attribute_values()
+
+
+def test_the_shapes_world_s_roles_are_its_colour_and_shape():
+    truth = world("shapes")
+    assert truth.object_attributes == shapes.ATTRIBUTES and truth.key_attributes == ("colour", "shape")
+    assert truth.hides_on_background == "colour" and example_label(truth) == "colour=red"
 
 
 def test_the_toy_model_has_the_shapes_worlds_ground_truth_and_a_real_model_none(toy_t2i):

@@ -38,7 +38,7 @@ def build_paint_tab(bench) -> PaintTab:
                     # a feature that visibly paints (feature 0 of a block may change nothing)
                     feature = Number(label="Feature id", value=tab.default_paint_feature(default_block), minimum=0,
                                      elem_id="paint-feature")
-                    search = gr.Textbox(label="…or search labels", placeholder="e.g. colour=red",
+                    search = gr.Textbox(label="…or search labels", placeholder=f"e.g. {tab.example_label()}",
                                         elem_id="paint-search")
                 with gr.Row():
                     # the browser sets a typed value outside the range to its nearest end: say so here,
@@ -178,14 +178,33 @@ class PaintTab:
             raise ValueError("choose a feature by its id or search for a label")
         return feature_id(library, block, feature)
 
+    def labels_world(self):
+        """The world the cards' labels are values of (a `GroundTruth`): the one whose captions the analysed image
+        pool's prompts are (`interp.ground_truth.ground_truth_of`, as the labels were made), or None."""
+        from interp.ground_truth import ground_truth_of
+
+        pool = self.bench.analysis_images
+        return ground_truth_of(pool[1]) if pool is not None else None
+
+    def example_label(self) -> str:
+        """A label to search for, as the search box's hint: one of the labels' world (`colour=red`)."""
+        from interp.ground_truth import example_label
+
+        truth = self.labels_world()
+        return example_label(truth) if truth is not None else "attribute=value"
+
     def default_paint_feature(self, block: str | None) -> int:
-        """The feature the Paint tab starts with: the block's best colour-labelled feature (it visibly changes
-        what it is painted on), else its best labelled one, else the one firing most; 0 without cards."""
+        """The feature the Paint tab starts with: the block's best feature labelled with a value of its world's
+        first key attribute (the shapes world's colour: it visibly changes what it is painted on), else its best
+        labelled one, else the one firing most; 0 without cards."""
         from saes.library import label_rank
 
         library = self.bench.library
         cards = library.cards(block) if library is not None and block in library.blocks else []
-        for keep in (lambda c: (c.get("label") or "").startswith("colour="), lambda c: bool(c.get("label"))):
+        truth = self.labels_world() if cards else None
+        key = f"{truth.key_attributes[0]}=" if truth is not None else None
+        for keep in (lambda c: key is not None and (c.get("label") or "").startswith(key),
+                     lambda c: bool(c.get("label"))):
             chosen = [c for c in cards if keep(c)]
             if chosen:  # best as the label search ranks: by causal label score where measured, else AUROC
                 return min(chosen, key=label_rank)["id"]

@@ -512,6 +512,9 @@ class ShapesWorld:
     name = "shapes"
     image_size = IMAGE_SIZE
     cells = POSITIONS
+    object_attributes = ATTRIBUTES
+    key_attributes = ("colour", "shape")
+    hides_on_background = "colour"  # an object of the background's colour cannot be seen
 
     def prompts(self, n: int, seed: int = 0, progress: bool = False) -> list[str]:
         return world_prompts(n, seed, progress)
