@@ -82,7 +82,8 @@ class Workbench(Sessions):
 
     @functools.cached_property
     def analysis_images(self):
-        from saes.library import PRETRAINED_DIR, load_analysis_images
+        from saes.library import PRETRAINED_DIR
+        from saes.pool import load_analysis_images
 
         return load_analysis_images(self.saes_dir or PRETRAINED_DIR / self.model_name)
 

@@ -244,7 +244,8 @@ def _eval_updates(models, blocks, cfg: RunConfig, truth) -> dict[str, dict[str, 
 
 def _ceiling_sae(model, blocks: list[str], block: str, setting: Setting, cfg: RunConfig, d_sae: int, k: int):
     """A TopK SAE of the shipped size trained on this setting's updates (pooled over steps): the ceiling."""
-    from interp.store import ActivationStore, CollectionPlan, collect
+    from interp.collect import CollectionPlan, collect
+    from interp.store import ActivationStore
     from saes.sae import SAE
     from saes.train import TrainConfig, train
 

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                                               "blocks.L.hook_resid_pre|mid|post)")
     hooks.add_argument("--model", required=True, help="toy-chat, smollm2-135m-instruct, an LM directory, or toy, ...")
     hooks.set_defaults(run=_hooks)
-    from .store import add_collect_arguments, collect_command
+    from .collect import add_collect_arguments, collect_command
 
     collect = commands.add_parser("collect", help="record block updates (text-to-image) or residuals (language "
                                                   "models, --text) into an activation store (resumable)")

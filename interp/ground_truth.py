@@ -3,7 +3,7 @@
 The embedded toy model is made in the shapes world (`interp.zoo.shapes`): every caption describes one scene
 exactly (its objects' attributes and grid cells, its background), an exact renderer draws it, and a probe reads
 a scene back from an image. Code that measures against that truth (feature labels and block probes in
-`saes.features`, the SAE report, splice fidelity's attribute accuracy, causal label scores, RIEBench's shapes
+`saes.probes`, the SAE report, splice fidelity's attribute accuracy, causal label scores, RIEBench's shapes
 metrics) gets it through this interface, and a real model (SDXL Turbo), or prompts outside every world, gets
 None and a message saying there is no ground truth, instead of running a world's code on what it cannot read.
 

@@ -199,7 +199,7 @@ def _eval(args) -> int:
     else:
         from interp.ground_truth import world
 
-        from .features import generate_pool
+        from .pool import generate_pool
 
         prompts = world("shapes").prompts(args.world, args.world_seed)  # --world N: the shapes world's captions
         seeds = [args.seed + i for i in range(args.world)]
@@ -300,8 +300,10 @@ def _add_features_arguments(parser) -> None:
 def _features(args) -> int:
     from interp.shipped import refuse_shipped
 
-    from .features import ANALYSE_ELSEWHERE, AnalysisConfig, analyse, default_pool_dir, generate_pool, store_pool
+    from .features import ANALYSE_ELSEWHERE, analyse, default_pool_dir
     from .lm_features import lm_features_command, reads_lm_hook
+    from .pool import generate_pool, store_pool
+    from .probes import AnalysisConfig
     from .sae import SAE, check_sae_model
 
     if args.text is not None or reads_lm_hook(args.sae):  # SAEs on an LM's residual stream: cards over text

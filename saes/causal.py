@@ -1,6 +1,6 @@
 """Causal label scores: what painting a labelled feature draws, not what its activation predicts.
 
-A feature card's label (`saes.features`) is the attribute value the feature's *activation* predicts best
+A feature card's label (`saes.probes`) is the attribute value the feature's *activation* predicts best
 (AUROC). Adding the feature is another matter: the feature the AUROC picks for colour=red can turn a blue star
 green. The causal label score measures the edit itself, on the shapes world:
 
@@ -237,8 +237,8 @@ def causal_command(args, load_model) -> int:
     load_model(args): the T2IModel (`saes.__main__._load_model`), called once the arguments are checked."""
     from interp.shipped import refuse_shipped
 
-    from .features import FEATURES_FILENAME
     from .library import FeatureLibrary
+    from .pool import FEATURES_FILENAME
 
     library = FeatureLibrary(args.sae)
     blocks = args.block or library.blocks

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .features import FEATURES_FILENAME, IMAGES_FILENAME, PROMPTS_FILENAME, pool_fingerprint
+from .pool import FEATURES_FILENAME, IMAGES_FILENAME, cards_match_pool, load_analysis_images, pool_fingerprint
 from .sae import CFG_FILENAME, SAE, SAEFormatError, load_sae_set
 
 PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
@@ -280,40 +280,3 @@ def heatmap_coverage(heatmap) -> float:
     """The share of an image's positions where a feature fires (its heatmap above zero)."""
     heatmap = np.asarray(heatmap, dtype=np.float32)
     return float((heatmap > 0).mean()) if heatmap.size else 0.0
-
-
-def heatmap_overlay(image, heatmap, scale: int = 4, alpha: float = 0.6) -> np.ndarray:
-    """The image (H, W, 3) with a feature's heatmap (h, w) laid over it in red, enlarged `scale` times."""
-    from PIL import Image
-
-    img = np.asarray(image, dtype=np.float32)
-    heat = np.asarray(heatmap, dtype=np.float32)
-    peak = float(heat.max())
-    heat = heat / peak if peak > 0 else heat
-    heat_img = Image.fromarray((heat * 255).astype(np.uint8)).resize((img.shape[1], img.shape[0]), Image.BILINEAR)
-    weight = alpha * np.asarray(heat_img, np.float32)[..., None] / 255.0
-    red = np.array([255.0, 30.0, 30.0])
-    blended = (img * (1 - weight) * 0.7 + img * 0.3 * (1 - weight) + red * weight).clip(0, 255).astype(np.uint8)
-    return np.asarray(Image.fromarray(blended).resize((img.shape[1] * scale, img.shape[0] * scale), Image.NEAREST))
-
-
-def load_analysis_images(root: str | Path) -> tuple[np.ndarray, list[str]] | None:
-    """The pool of analysed images that feature cards point into: (N, H, W, 3) uint8 and prompts."""
-    root = Path(root)
-    if not (root / IMAGES_FILENAME).exists():
-        return None
-    with np.load(root / IMAGES_FILENAME) as data:
-        images = data["images"]
-    prompts = json.loads((root / PROMPTS_FILENAME).read_text())
-    return images, prompts
-
-
-def cards_match_pool(cards: dict, fingerprint: str, n_images: int) -> bool:
-    """Whether a card file (the content of features.json) points into the pool of this fingerprint and size.
-
-    Cards written before card files recorded their pool's fingerprint are checked by size: made on a
-    pool of `n_images` images, with every top image one of them."""
-    if "pool_sha256" in cards:
-        return cards["pool_sha256"] == fingerprint
-    return cards.get("n_images") == n_images and all(
-        0 <= top["index"] < n_images for card in cards["features"] for top in card.get("top_images", []))

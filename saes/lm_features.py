@@ -18,7 +18,7 @@ with Dolly's ``instruction``/``context``/``response``, ``text`` or ``prompt`` + 
 text lines; each sequence a start token and at most ``max_length - 1`` tokens of one document). The
 start token's position is left out of the statistics, as collection leaves it out (an attention
 sink, far from every other position's stream). Written as ``features.json`` (strict JSON, atomic; the card fields ``id``, ``frequency`` and
-``mean_activation`` are those of the image cards in `saes.features`) and ``features.html`` (a
+``mean_activation`` are those of the image cards in `saes.probes`) and ``features.html`` (a
 self-contained page), beside the SAE unless told otherwise:
 
     python -m saes features --sae runs/lm-sae/blocks.2.hook_resid_post --model toy-chat --text corpus.jsonl
@@ -41,7 +41,8 @@ from interp.cli import dtype_name, lm_dtype
 from interp.hooks.lm_steer import is_residual_hook
 from interp.shipped import refuse_shipped
 
-from .features import ANALYSE_ELSEWHERE, FEATURES_FILENAME, HTML_FILENAME
+from .features import ANALYSE_ELSEWHERE, HTML_FILENAME
+from .pool import FEATURES_FILENAME
 from .sae import CFG_FILENAME, SAE
 from .strict_json import write_json
 

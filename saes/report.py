@@ -15,8 +15,9 @@ from pathlib import Path
 from interp.atomic import atomic_write_text
 
 from .evaluate import evaluate
-from .features import cell_probe_accuracy, direction_ceiling, generate_pool, mixture_distances
 from .fidelity import fidelity_table, splice_fidelity
+from .pool import generate_pool
+from .probes import cell_probe_accuracy, direction_ceiling, mixture_distances
 from .sae import SAE, load_sae_set
 from .strict_json import write_json
 
@@ -172,9 +173,9 @@ def probe_markdown(probes: dict) -> str:
     world = _world_of(probes).name
     lines = [f"# Where {probes['model']} codes each attribute", "",
              f"{probes['n_images']} fresh {world}-world generations. Linear probe accuracy per block (in brackets: "
-             "the dimensions spent on the attribute, `saes.features.value_mean_dims`):", "",
+             "the dimensions spent on the attribute, `saes.probes.value_mean_dims`):", "",
              _probe_table(probes).rstrip(), "",
-             "The best single linear direction's held-out AUROC per value (`saes.features.direction_ceiling`), "
+             "The best single linear direction's held-out AUROC per value (`saes.probes.direction_ceiling`), "
              "the ceiling of any SAE feature's label in that block:", "",
              _per_value_table(probes["direction_ceiling"]).rstrip()]
     if "ablation" in probes:
@@ -187,7 +188,7 @@ def probe_markdown(probes: dict) -> str:
     if any(mixture.values()):
         lines += ["", "How far each value's mean lies from the nearest mixture of the other values' means, in units "
                   "of the spread of an object's interior update around its own value's mean "
-                  "(`saes.features.mixture_distances`). "
+                  "(`saes.probes.mixture_distances`). "
                   "A value near 0 is a mixture of others, and an SAE reconstructs it from their features rather "
                   "than giving it one of its own:", "", _per_value_table(mixture).rstrip()]
     return "\n".join(lines) + "\n"
@@ -297,16 +298,16 @@ def report_markdown(report: dict) -> str:
                   "update (standardised) to its object's attribute, fitted on half of the images and scored on the "
                   "other half; every hookable block (bold: the best block). In brackets: the dimensions the block "
                   "spends on the attribute (participation ratio of the centred value means, at most values - 1; "
-                  "`saes.features.value_mean_dims`).", "", _probe_table(report).rstrip()]
+                  "`saes.probes.value_mean_dims`).", "", _probe_table(report).rstrip()]
     if "attributes_by_block" in report:
         lines += ["", "## Which SAE features carry which attributes", "",
                   f"Best feature AUROC per attribute value per block over block positions, from the feature "
                   f"analysis of {report.get('features_n_images')} images (bold: the best block). \"one direction\": "
                   f"the AUROC the best single linear feature of the bold block reaches on held-out images, scored the "
-                  f"same way (`saes.features.direction_ceiling`): the ceiling of any SAE feature's label there. "
+                  f"same way (`saes.probes.direction_ceiling`): the ceiling of any SAE feature's label there. "
                   f"\"mixture distance\": how far the value's mean update lies from every mixture of the other "
                   f"values' means there, in units of an object's spread around its value's mean "
-                  f"(`saes.features.mixture_distances`); near 0, an SAE rebuilds the value from the others' "
+                  f"(`saes.probes.mixture_distances`); near 0, an SAE rebuilds the value from the others' "
                   f"features and gives it none of its own.", "",
                   _attribute_table(report).rstrip(), "", _value_table(report).rstrip(), "",
                   f"Every {key} labelled at AUROC >= {t['label_auroc_min']}: "

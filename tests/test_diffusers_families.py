@@ -174,7 +174,8 @@ def test_a_paint_changes_the_block_update_only_inside_its_mask(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_store_holds_the_true_updates_of_the_conditional_half(family, tmp_path):
-    from interp.store import ActivationStore, CollectionPlan, collect
+    from interp.collect import CollectionPlan, collect
+    from interp.store import ActivationStore
 
     model = model_of(family)
     blocks = list(model.default_blocks)
@@ -201,7 +202,8 @@ def heun_model():
 
 
 def test_heun_steps_are_scheduler_steps_each_the_mean_of_its_calls(tmp_path):
-    from interp.store import ActivationStore, CollectionPlan, collect
+    from interp.collect import CollectionPlan, collect
+    from interp.store import ActivationStore
 
     model = heun_model()
     block = model.default_blocks[0]
@@ -294,18 +296,18 @@ def test_sd1_works_end_to_end_from_the_command_line(tmp_path, capsys):
 
 
 def test_a_collection_whose_first_generation_fails_leaves_no_plan_to_resume(tmp_path, monkeypatch):
-    import interp.store as store
+    import interp.collect as collect_module
 
     model = model_of("sd1")
-    plan = store.CollectionPlan(model="sd1", blocks=list(model.default_blocks), prompts=["red circle"], seeds=[0],
-                                steps=1, guidance=0.0)
+    plan = collect_module.CollectionPlan(model="sd1", blocks=list(model.default_blocks), prompts=["red circle"],
+                                         seeds=[0], steps=1, guidance=0.0)
 
     def broken(*args, **kwargs):
         raise RuntimeError("the text encoder failed")
 
-    monkeypatch.setattr(store, "generate", broken)
+    monkeypatch.setattr(collect_module, "generate", broken)
     with pytest.raises(RuntimeError):
-        store.collect(model, plan, tmp_path / "store", progress=False)
+        collect_module.collect(model, plan, tmp_path / "store", progress=False)
     assert not (tmp_path / "store" / "plan.json").exists()
 
 

@@ -29,8 +29,10 @@ from interp.zoo import WEIGHTS_DIR, shapes
 from riebench.__main__ import main as riebench_main
 from riebench.tasks import ShapesSuiteConfig, TaskError
 from saes.__main__ import main as saes_main
-from saes.features import AnalysisConfig, AnalysisPool, FeaturesError, analyse, pool_fingerprint
-from saes.library import PRETRAINED_DIR, FeatureLibrary, LibraryError, load_analysis_images
+from saes.features import FeaturesError, analyse
+from saes.library import PRETRAINED_DIR, FeatureLibrary, LibraryError
+from saes.pool import AnalysisPool, load_analysis_images, pool_fingerprint
+from saes.probes import AnalysisConfig
 from saes.sae import WEIGHTS_FILENAME
 from test_saes_features import _identity_sae, _scenes, _tracking_updates
 

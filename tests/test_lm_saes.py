@@ -125,15 +125,15 @@ def test_store_holds_the_residuals_of_every_token_but_the_start_token_and_no_pad
 def test_collection_resumes_writing_only_the_missing_shard(store, corpus, tmp_path, monkeypatch):
     import shutil
 
-    import interp.store as store_module
+    import interp.collect as collect_module
 
     copy = tmp_path / "store"
     shutil.copytree(store, copy)
     (copy / "manifest.json").unlink()
     (copy / "shards" / "shard-000001.safetensors").unlink()
     written = []
-    real = store_module._lm_shard
-    monkeypatch.setattr(store_module, "_lm_shard", lambda *a: written.append(a[-1]) or real(*a))
+    real = collect_module._lm_shard
+    monkeypatch.setattr(collect_module, "_lm_shard", lambda *a: written.append(a[-1]) or real(*a))
     assert interp_main(["collect", "--model", "toy-chat", "--hooks", HOOK, "blocks.0.hook_resid_pre", "--text",
                         str(corpus), "--max-tokens", "3000", "--tokens-per-shard", "1000", "--batch-size", "7",
                         "--context", "24", "--out", str(copy)]) == 0

@@ -22,15 +22,15 @@ MID = "mid_block.attentions.0"
 @functools.cache
 def small_store() -> Path:
     """Block updates of a random-weight pipeline of the toy model's sizes: 8 images, one step."""
-    store = pytest.importorskip("interp.store")
+    collect = pytest.importorskip("interp.collect")
     from test_hooks_diffusion import random_t2i
 
     from interp.zoo.shapes import world_prompts
 
     out = Path(tempfile.mkdtemp(prefix="saes-store-")) / "store"
-    plan = store.CollectionPlan(model="random", blocks=[MID], prompts=world_prompts(8), seeds=list(range(8)),
-                                steps=1, guidance=0.0, images_per_shard=4)
-    store.collect(random_t2i(), plan, out, progress=False)
+    plan = collect.CollectionPlan(model="random", blocks=[MID], prompts=world_prompts(8), seeds=list(range(8)),
+                                  steps=1, guidance=0.0, images_per_shard=4)
+    collect.collect(random_t2i(), plan, out, progress=False)
     return out
 
 

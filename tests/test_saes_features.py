@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from interp.zoo import shapes
-from saes.features import (AnalysisConfig, AnalysisPool, analyse, analyse_block, auroc_matrix, background_targets,
-                           cell_maxima, cell_probe_accuracy, cell_targets, direction_ceiling, generate_pool,
-                           mixture_distances)
-from saes.library import FeatureLibrary, load_analysis_images
+from saes.features import analyse
+from saes.library import FeatureLibrary
+from saes.pool import AnalysisPool, generate_pool, load_analysis_images
+from saes.probes import (AnalysisConfig, analyse_block, auroc_matrix, background_targets, cell_maxima,
+                         cell_probe_accuracy, cell_targets, direction_ceiling, mixture_distances)
 from saes.sae import SAE, SAEConfig
 
 GRID = 8  # block positions per side, as on the toy model

@@ -26,7 +26,7 @@ def fitted_sae():
     from test_hooks_diffusion import random_t2i
 
     from interp.zoo.shapes import world_prompts
-    from saes.features import generate_pool
+    from saes.pool import generate_pool
 
     pool = generate_pool(random_t2i(), [MID], world_prompts(48, seed=5), list(range(48)), progress=False)
     vectors = pool.updates[MID].permute(0, 2, 3, 1).reshape(-1, 64)

@@ -12,7 +12,8 @@ import torch
 
 from interp.models.t2i import TOY_BLOCKS
 from interp.zoo import WEIGHTS_DIR
-from saes.library import PRETRAINED_DIR, FeatureLibrary, load_analysis_images
+from saes.library import PRETRAINED_DIR, FeatureLibrary
+from saes.pool import load_analysis_images
 
 ROOT = PRETRAINED_DIR / "toy"
 pytestmark = [
@@ -108,7 +109,7 @@ def test_labelled_shape_and_colour_features_hold_on_fresh_generations(library, t
     from interp.hooks import capture_updates, generate
     from interp.zoo.shapes import world_prompts
     from interp.zoo.shapes import WORLD, parse_caption
-    from saes.features import attribute_aurocs, encode_positions
+    from saes.probes import attribute_aurocs, encode_positions
 
     claims = {label: c for label, c in _report()["colours_and_shapes_labelled"].items() if c["meets_target"]}
     assert sum(label.startswith("shape=") for label in claims) == 6  # every shape

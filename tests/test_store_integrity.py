@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from interp.store import ActivationStore, CollectionPlan, StoreError, collect, tensor_digest
+from interp.collect import CollectionPlan, collect
+from interp.store import ActivationStore, StoreError, tensor_digest
 from interp.zoo.shapes import world_prompts
 from test_hooks_diffusion import MID, one_torch_thread, random_t2i  # noqa: F401 - fixture reused
 

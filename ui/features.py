@@ -261,7 +261,8 @@ class FeaturesTab:
 
     def _feature_card(self, block: str, feature):
         from saes.causal import STRENGTH
-        from saes.library import heatmap_overlay, label_scores
+        from saes.library import label_scores
+        from saes.render import heatmap_overlay
 
         library = self.bench.require_library()
         feature = feature_id(library, block, feature)

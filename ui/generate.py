@@ -92,7 +92,7 @@ class GenerateTab:
 
     def show_heatmap(self, state: dict, choice: str | None, request: gr.Request = None):
         """Switch the heatmap shown: no model work, from the session's state."""
-        from saes.library import heatmap_overlay
+        from saes.render import heatmap_overlay
 
         if not state or not choice:
             return None, ""
