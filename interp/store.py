@@ -4,6 +4,7 @@ Layout of a store directory:
 
     plan.json                      what is being collected (model, blocks, prompts, seeds, steps, ...)
     shards/shard-000000.safetensors  images [0, n) : {block: (n, steps, C, H, W) fp16, "image_index": (n,)}
+                                   (a joint block's text stream `<block>:text`: (n, steps, C, tokens))
     shards/shard-000001.safetensors  images [n, 2n) ...
     manifest.json                  written last: the plan, shapes, dtype and the list of shards,
                                    each with the sha256 of every tensor in it
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import sys
@@ -178,6 +180,10 @@ def _capture_images(model, plan: CollectionPlan, start: int, stop: int) -> tuple
                  guidance=plan.guidance, output_type="latent")
     tensors = {block: cap.updates(block, plan.half).transpose(0, 1).to(STORE_DTYPE).contiguous()
                for block in plan.blocks}
+    for block, tensor in tensors.items():  # a text stream's length is the pipeline's: say so if it is not
+        if plan.shapes and list(tensor.shape[1:]) != list(plan.shapes[block]):
+            raise StoreError(f"{block} recorded {list(tensor.shape[1:])} per image, not the {plan.shapes[block]} "
+                             f"the plan expects (steps, channels, then the grid or the text tokens)")
     return tensors, cap.calls_per_step(plan.blocks[0])
 
 
@@ -226,11 +232,12 @@ def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, 
         raise StoreError(f"{plan.n_images} prompts but {len(plan.seeds)} seeds")
     if plan.n_images == 0:
         raise StoreError("no prompts to collect")
+    sites = getattr(model, "sites", model.blocks)  # blocks and joint blocks' text streams (`<block>:text`)
     for block in plan.blocks:  # fail before any work on an unknown block
-        if block not in model.blocks:
-            raise StoreError(f"unknown block {block!r}; the model's blocks are: {', '.join(model.blocks)}")
-    plan.shapes = {b: [plan.steps, model.blocks[b].channels, model.blocks[b].height, model.blocks[b].width]
-                   for b in plan.blocks}
+        if block not in sites:
+            raise StoreError(f"unknown block {block!r}; the model's blocks are: {', '.join(sites)}")
+    # Per image: (steps, C, H, W) of a block's grid, (steps, C, tokens) of a text stream.
+    plan.shapes = {b: [plan.steps, *sites[b].shape] for b in plan.blocks}
     fresh = not (out / PLAN_FILE).exists()
     if rank == 0:
         _prepare_directory(out, plan)
@@ -586,8 +593,8 @@ class ActivationStore:
         if self.kind == LM_KIND:
             self._shape(block)
             return self.n_tokens
-        steps, _, h, w = self._shape(block)
-        return len(self) * steps * h * w
+        steps, _, *positions = self._shape(block)  # (H, W) of a grid, (tokens,) of a text stream
+        return len(self) * steps * math.prod(positions)
 
     def _shape(self, block: str) -> list[int]:
         if block not in self.blocks:
@@ -619,7 +626,8 @@ class ActivationStore:
         return tensor
 
     def image(self, index: int, block: str) -> torch.Tensor:
-        """(steps, channels, height, width) float32: the block's update at each step of image `index`.
+        """(steps, channels, height, width) float32: the block's update at each step of image `index`
+        ((steps, channels, tokens) for a text stream `<block>:text`).
         The first image of a shard reads (and checks) the block's whole tensor of that shard."""
         self._shape(block)
         if self.kind == LM_KIND:
@@ -637,11 +645,12 @@ class ActivationStore:
             raise self._damaged(shard, f"cannot be read ({err})") from None
 
     def _shard_vectors(self, shard: dict, block: str) -> torch.Tensor:
-        """(n * steps * H * W, C) float32: every position of every step of the shard's images."""
+        """(n * steps * H * W, C) float32: every position of every step of the shard's images (a text stream's
+        (n, steps, C, tokens): every token)."""
         x = self._read(shard, block)
         if self.kind == LM_KIND:  # (tokens, d_model)
             return x.float()
-        return x.permute(0, 1, 3, 4, 2).reshape(-1, x.shape[2]).float()
+        return x.movedim(2, -1).reshape(-1, x.shape[2]).float()
 
     def token_table(self) -> dict[str, torch.Tensor]:
         """An LM store's token bookkeeping in store order: {"token_index", "sequence", "position", "token_id"},
@@ -731,8 +740,8 @@ def stream_vectors(model, block: str, prompts: Iterable[str], batch_size: int, s
         image_index += len(chunk)
         with capture_updates(model, [block], device="cpu") as cap:
             generate(model, chunk, steps=steps, seed=seeds, guidance=guidance, output_type="latent")
-        x = cap.updates(block, half)  # (steps, n, C, H, W)
-        vectors = x.permute(1, 0, 3, 4, 2).reshape(-1, x.shape[2]).float()
+        x = cap.updates(block, half)  # (steps, n, C, H, W); a text stream's (steps, n, C, tokens)
+        vectors = x.transpose(0, 1).movedim(2, -1).reshape(-1, x.shape[2]).float()
         pending.append(vectors)
         held += len(vectors)
         if held >= buffer_vectors:
