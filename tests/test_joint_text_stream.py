@@ -203,3 +203,22 @@ def test_the_hooks_command_lists_the_text_streams(tmp_path, capsys):
     described = json.loads(capsys.readouterr().out)
     assert described["text_sites"]["transformer_blocks.0:text"]["tokens"] == \
         tiny_pipeline("sd3").tokenizer.model_max_length + 256
+
+
+def test_flux1_config_builds_at_a_reduced_depth_with_flux1s_widths():
+    """The real-size benchmark's FLUX.1 config (no weights: built on the meta device): 11.9 B parameters at full
+    depth; at 2 + 2 blocks its sites are 3072 wide on a 32 x 32 token grid at 512 px."""
+    from diffusers import FluxTransformer2DModel
+
+    from interp.models.t2i import block_info, text_stream_info
+
+    config = json.loads((Path(__file__).parents[1] / "interp/models/configs/flux1-dev-transformer.json").read_text())
+    config.pop("_note")
+    with torch.device("meta"):
+        full = FluxTransformer2DModel.from_config(config)
+        assert round(sum(p.numel() for p in full.parameters()) / 1e9, 1) == 11.9
+        shallow = FluxTransformer2DModel.from_config({**config, "num_layers": 2, "num_single_layers": 2})
+    blocks = block_info(shallow, latent_side=64)
+    assert {b: (i.channels, i.height, i.width) for b, i in blocks.items()} == {
+        f"{kind}.{i}": (3072, 32, 32) for kind in ("transformer_blocks", "single_transformer_blocks") for i in (0, 1)}
+    assert list(text_stream_info(shallow)) == [text_site(b) for b in blocks]
