@@ -59,11 +59,12 @@ def _blocks(args) -> int:
 
 
 def _hooks(args) -> int:
-    """One valid hook name per line: an LM's residual hooks, or a text-to-image model's blocks."""
+    """One valid hook name per line: an LM's residual hooks, or a text-to-image model's blocks and the text streams
+    of its joint blocks (`<block>:text`: SD3, FLUX)."""
     from .models import load_t2i
     from .models.spec import model_spec
 
-    names = _lm_description(args.model)["hooks"] if model_spec(args.model).is_lm else list(load_t2i(args.model).blocks)
+    names = _lm_description(args.model)["hooks"] if model_spec(args.model).is_lm else list(load_t2i(args.model).sites)
     print("\n".join(names))
     return 0
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--out", default="image.png")
     add_dtype_argument(gen, default=None, what="the pipeline")
     gen.set_defaults(run=_generate)
-    blocks = commands.add_parser("blocks", help="list a model's hookable blocks, channels and sizes")
+    blocks = commands.add_parser("blocks", help="list a model's hookable blocks, channels and sizes (and the text "
+                                                "streams of joint blocks, `<block>:text`, with their tokens)")
     blocks.add_argument("--model", default="toy")
     blocks.set_defaults(run=_blocks)
     hooks = commands.add_parser("hooks", help="list the hook names a model has, one a line (language models: "

@@ -88,6 +88,10 @@ def _capture_images(model, plan: CollectionPlan, start: int, stop: int) -> tuple
                  guidance=plan.guidance, output_type="latent")
     tensors = {block: cap.updates(block, plan.half).transpose(0, 1).to(STORE_DTYPE).contiguous()
                for block in plan.blocks}
+    for block, tensor in tensors.items():  # a text stream's length is the pipeline's: say so if it is not
+        if plan.shapes and list(tensor.shape[1:]) != list(plan.shapes[block]):
+            raise StoreError(f"{block} recorded {list(tensor.shape[1:])} per image, not the {plan.shapes[block]} "
+                             f"the plan expects (steps, channels, then the grid or the text tokens)")
     return tensors, cap.calls_per_step(plan.blocks[0])
 
 
@@ -107,11 +111,12 @@ def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, 
         raise StoreError(f"{plan.n_images} prompts but {len(plan.seeds)} seeds")
     if plan.n_images == 0:
         raise StoreError("no prompts to collect")
+    sites = getattr(model, "sites", model.blocks)  # blocks and joint blocks' text streams (`<block>:text`)
     for block in plan.blocks:  # fail before any work on an unknown block
-        if block not in model.blocks:
-            raise StoreError(f"unknown block {block!r}; the model's blocks are: {', '.join(model.blocks)}")
-    plan.shapes = {b: [plan.steps, model.blocks[b].channels, model.blocks[b].height, model.blocks[b].width]
-                   for b in plan.blocks}
+        if block not in sites:
+            raise StoreError(f"unknown block {block!r}; the model's blocks are: {', '.join(sites)}")
+    # Per image: (steps, C, H, W) of a block's grid, (steps, C, tokens) of a text stream.
+    plan.shapes = {b: [plan.steps, *sites[b].shape] for b in plan.blocks}
     fresh = not (out / PLAN_FILE).exists()
     if rank == 0:
         prepare_directory(out, plan)
@@ -361,8 +366,8 @@ def stream_vectors(model, block: str, prompts: Iterable[str], batch_size: int, s
         image_index += len(chunk)
         with capture_updates(model, [block], device="cpu") as cap:
             generate(model, chunk, steps=steps, seed=seeds, guidance=guidance, output_type="latent")
-        x = cap.updates(block, half)  # (steps, n, C, H, W)
-        vectors = x.permute(1, 0, 3, 4, 2).reshape(-1, x.shape[2]).float()
+        x = cap.updates(block, half)  # (steps, n, C, H, W); a text stream's (steps, n, C, tokens)
+        vectors = x.transpose(0, 1).movedim(2, -1).reshape(-1, x.shape[2]).float()
         pending.append(vectors)
         held += len(vectors)
         if held >= buffer_vectors:

@@ -166,7 +166,8 @@ def _sae_shape(sae) -> tuple[int, int]:
 
 
 def validate_edits(edits: list[Edit], blocks: dict, saes: dict | None = None, n_steps: int | None = None) -> None:
-    """Check edits against a model's blocks (name -> BlockInfo), SAEs and step count; EditError if not."""
+    """Check edits against a model's blocks (name -> BlockInfo, or TextStreamInfo for a joint block's text stream),
+    SAEs and step count; EditError if not."""
     saes = saes or {}
     for i, edit in enumerate(edits):
         where = f"edit {i} ({edit.mode} on {edit.block})"
@@ -177,6 +178,9 @@ def validate_edits(edits: list[Edit], blocks: dict, saes: dict | None = None, n_
         if edit.direction is not None and len(edit.direction) != info.channels:
             raise EditError(f"{where}: direction has {len(edit.direction)} values but the block has "
                             f"{info.channels} channels")
+        if edit.mask is not None and getattr(info, "stream", "image") == "text":
+            raise EditError(f"{where}: {name} is a text stream, a sequence of tokens with no spatial grid: a mask "
+                            f"cannot apply to it; edit it without a mask, or paint the image stream {info.block}")
         if edit.mask is not None:
             shape = (len(edit.mask), len(edit.mask[0]) if edit.mask else 0)
             if shape != (info.height, info.width):

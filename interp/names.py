@@ -11,4 +11,25 @@ def block_name(name: str) -> str:
     return name[len(UNET_PREFIX):] if name.startswith(UNET_PREFIX) else name
 
 
-__all__ = ["UNET_PREFIX", "block_name"]
+TEXT_SUFFIX = ":text"  # `<block>:text`: the text stream of a joint (MMDiT) block, SD3's and FLUX's
+
+
+def text_site(block: str) -> str:
+    """The site of a joint block's text stream: ``transformer_blocks.3`` -> ``transformer_blocks.3:text``."""
+    return block_name(block) + TEXT_SUFFIX
+
+
+def split_site(name: str) -> tuple[str, str]:
+    """(block, stream) of a site name: ``transformer_blocks.3:text`` -> (``transformer_blocks.3``, ``text``); a
+    block's own name is its image stream (the update every family has)."""
+    name = block_name(name)
+    if name.endswith(TEXT_SUFFIX):
+        return name[: -len(TEXT_SUFFIX)], "text"
+    return name, "image"
+
+
+def is_text_site(name: str) -> bool:
+    return split_site(name)[1] == "text"
+
+
+__all__ = ["TEXT_SUFFIX", "UNET_PREFIX", "block_name", "is_text_site", "split_site", "text_site"]

@@ -5,6 +5,7 @@ Layout of a store directory:
 
     plan.json                      what is being collected (model, blocks, prompts, seeds, steps, ...)
     shards/shard-000000.safetensors  images [0, n) : {block: (n, steps, C, H, W) fp16, "image_index": (n,)}
+                                   (a joint block's text stream `<block>:text`: (n, steps, C, tokens))
     shards/shard-000001.safetensors  images [n, 2n) ...
     manifest.json                  written last: the plan, shapes, dtype and the list of shards,
                                    each with the sha256 of every tensor in it
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 from dataclasses import asdict
@@ -283,8 +285,8 @@ class ActivationStore:
         if self.kind == LM_KIND:
             self._shape(block)
             return self.n_tokens
-        steps, _, h, w = self._shape(block)
-        return len(self) * steps * h * w
+        steps, _, *positions = self._shape(block)  # (H, W) of a grid, (tokens,) of a text stream
+        return len(self) * steps * math.prod(positions)
 
     def _shape(self, block: str) -> list[int]:
         if block not in self.blocks:
@@ -316,7 +318,8 @@ class ActivationStore:
         return tensor
 
     def image(self, index: int, block: str) -> torch.Tensor:
-        """(steps, channels, height, width) float32: the block's update at each step of image `index`.
+        """(steps, channels, height, width) float32: the block's update at each step of image `index`
+        ((steps, channels, tokens) for a text stream `<block>:text`).
         The first image of a shard reads (and checks) the block's whole tensor of that shard."""
         self._shape(block)
         if self.kind == LM_KIND:
@@ -334,11 +337,12 @@ class ActivationStore:
             raise self._damaged(shard, f"cannot be read ({err})") from None
 
     def _shard_vectors(self, shard: dict, block: str) -> torch.Tensor:
-        """(n * steps * H * W, C) float32: every position of every step of the shard's images."""
+        """(n * steps * H * W, C) float32: every position of every step of the shard's images (a text stream's
+        (n, steps, C, tokens): every token)."""
         x = self._read(shard, block)
         if self.kind == LM_KIND:  # (tokens, d_model)
             return x.float()
-        return x.permute(0, 1, 3, 4, 2).reshape(-1, x.shape[2]).float()
+        return x.movedim(2, -1).reshape(-1, x.shape[2]).float()
 
     def token_table(self) -> dict[str, torch.Tensor]:
         """An LM store's token bookkeeping in store order: {"token_index", "sequence", "position", "token_id"},

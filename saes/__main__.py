@@ -244,6 +244,10 @@ def _load_model(args):
 def _model_block(model, block: str) -> str:
     """The block's name in the model (`unet.` prefix dropped), or a clear error."""
     name = block[len("unet."):] if block.startswith("unet.") else block
+    if name in getattr(model, "text_sites", {}):
+        raise ValueError(f"{name} is a text stream (tokens, no image grid): feature cards, heatmaps and splice "
+                         f"fidelity read a block's image grid; train and evaluate its SAE on a store "
+                         f"(saes train / saes eval --store)")
     if name not in model.blocks:
         raise ValueError(f"{model.name} has no block {block!r}; its blocks are: {', '.join(model.blocks)}")
     return name

@@ -3,6 +3,8 @@
 A block's *update* is what it writes into the residual stream of the denoiser: `output - input` of a U-Net's
 `Transformer2DModel`, or of a DiT block's image stream (SD3/FLUX joint blocks: the image stream; the token sequence
 laid back on its grid), shape (batch, channels, height, width) for every family (`interp.models.denoisers`).
+The text stream of a joint block (SD3, FLUX) is a site of its own, `<block>:text`: output minus input of its text
+tokens, shape (batch, channels, tokens), a sequence with no grid (a mask cannot apply to it).
 
 Both capture (`capture_updates`) and intervention (`apply_edits`) are context managers.
 They register forward hooks when the `with` block starts and remove them when it ends,
@@ -32,14 +34,15 @@ import torch
 from ..edits import Edit, EditError, PreparedEdits, prepare_edits, validate_edits
 from ..models.denoisers import UnsupportedPipeline, denoiser_of, family_of_module
 from ..models.t2i import (SDXL_BLOCKS, BlockInfo, Cancelled, GenerationCall, block_info, current_generation_call,
-                          default_latent_side, generate, on_each_step, private_pipeline, run_pipeline)
-from ..names import block_name
+                          default_latent_side, generate, on_each_step, private_pipeline, run_pipeline,
+                          text_stream_info)
+from ..names import block_name, split_site
 from .scoped import ScopedHooks
 
 HALVES = ("cond", "uncond", "all")
 __all__ = ["BlockCapture", "Cancelled", "EditSession", "GenerationCall", "HookError", "NeuronCapture", "ScopedHooks",
            "StepRecord", "apply_edits", "block_name", "capture_neurons", "capture_updates", "generate",
-           "hookable_blocks", "mlp_neuron_modules", "neuron_directions", "on_each_step", "private_pipeline",
+           "hookable_blocks", "hookable_sites", "mlp_neuron_modules", "neuron_directions", "on_each_step", "private_pipeline",
            "resolve_blocks", "run_pipeline", "unet_of"]
 
 
@@ -78,18 +81,31 @@ def hookable_blocks(model_or_unet) -> dict[str, BlockInfo]:
     return block_info(denoiser, latent_side=pipe_side)
 
 
+def hookable_sites(model_or_unet) -> dict:
+    """`hookable_blocks` and the text streams of joint blocks (`<block>:text` -> TextStreamInfo; SD3, FLUX)."""
+    if hasattr(model_or_unet, "sites") and hasattr(model_or_unet, "family"):  # a T2IModel
+        return dict(model_or_unet.sites)
+    denoiser = unet_of(model_or_unet)
+    pipe = None if isinstance(model_or_unet, torch.nn.Module) else model_or_unet
+    return {**hookable_blocks(model_or_unet), **text_stream_info(denoiser, pipe)}
+
+
 def resolve_blocks(unet, names) -> dict[str, torch.nn.Module]:
-    """Block name -> module; an unknown name raises HookError listing the valid ones."""
+    """Site name (a block, or a joint block's `<block>:text`) -> the block's module; an unknown name raises
+    HookError listing the valid ones, a text stream the family's blocks do not write one saying why."""
     if isinstance(names, str):
         names = [names]
-    valid = hookable_blocks(unet)
+    valid = hookable_sites(unet)
     modules = dict(unet_of(unet).named_modules())
     resolved = {}
     for name in names:
         key = block_name(name)
+        block, stream = split_site(key)
         if key not in valid:
+            if stream == "text" and block in valid:
+                raise HookError(_family(unet_of(unet)).no_text_stream(block))
             raise HookError(f"unknown block {name!r}; the denoiser's blocks are: {', '.join(valid)}")
-        resolved[key] = modules[key]
+        resolved[key] = modules[block]
     if not resolved:
         raise HookError(f"no block given; choose from: {', '.join(valid)}")
     return resolved
@@ -170,6 +186,9 @@ class UNetSession(ScopedHooks):
         return None
 
     def _make_block_hook(self, name: str):
+        if split_site(name)[1] == "text":
+            return self._make_text_hook(name)
+
         def hook(module, args, *kwargs_and_output):
             if not self._active():
                 return None
@@ -183,9 +202,24 @@ class UNetSession(ScopedHooks):
             return self.family.replace_output(output, self.family.from_grid(replaced, grid))
         return hook
 
+    def _make_text_hook(self, name: str):
+        """A joint block's text stream: (batch, tokens, C) in the block, (batch, C, tokens) to `on_block`."""
+        def hook(module, args, *kwargs_and_output):
+            if not self._active():
+                return None
+            kwargs, output = kwargs_and_output if len(kwargs_and_output) == 2 else ({}, kwargs_and_output[0])
+            block_input = self.family.text_input(args, kwargs).transpose(1, 2)
+            hidden = self.family.text_output(output).transpose(1, 2)
+            replaced = self.on_block(name, block_input, hidden)
+            if replaced is None:
+                return None
+            return self.family.replace_text_output(output, replaced.transpose(1, 2))
+        return hook
+
     def on_block(self, name: str, block_input: torch.Tensor, output: torch.Tensor) -> torch.Tensor | None:
-        """Called in the owning context with the block's input and output image streams, (batch, C, H, W) for
-        every family; may return a new output (batch, C, H, W)."""
+        """Called in the owning context with the site's input and output: a block's image streams, (batch, C, H, W)
+        for every family, or a joint block's text streams (`<block>:text`), (batch, C, tokens); may return a new
+        output of the same shape."""
         raise NotImplementedError
 
     def _register(self) -> None:
@@ -315,7 +349,8 @@ class StepRecord:
 class BlockCapture(UNetSession):
     """Records the update (and optionally the output) of each block at each step.
 
-    Use through `capture_updates`. Read with `updates(block)`: (steps, batch, C, H, W);
+    Use through `capture_updates`. Read with `updates(block)`: (steps, batch, C, H, W), or (steps, batch, C, tokens)
+    for a text stream `<block>:text`;
     the raw records are in `records[block]` (a list of StepRecord).
     """
 
@@ -348,7 +383,7 @@ class BlockCapture(UNetSession):
     def _select(self, block: str, generation: int) -> list[StepRecord]:
         key = block_name(block)
         if key not in self.records:
-            raise HookError(f"block {block!r} was not captured; captured: {', '.join(self.records)}")
+            raise HookError(f"site {block!r} was not captured; captured: {', '.join(self.records)}")
         if self.n_generations == 0:
             raise HookError("nothing was captured: no generation ran inside the `with` block")
         index = generation if generation >= 0 else self.n_generations + generation
@@ -377,6 +412,7 @@ class BlockCapture(UNetSession):
 
     def updates(self, block: str, half: str = "cond", generation: int = -1, calls: bool = False) -> torch.Tensor:
         """(steps, batch, channels, height, width): the block's update at each scheduler step of one generation;
+        (steps, batch, channels, tokens) for a joint block's text stream (`<block>:text`);
         a step of several denoiser calls (Heun, DPM-2, PNDM's warm-up) gives the mean of their updates.
         ``calls=True``: (calls, batch, C, H, W), every denoiser call apart (`records[block][i].step` says whose).
 
@@ -404,6 +440,9 @@ def capture_updates(model_or_unet, blocks=SDXL_BLOCKS, keep_output: bool = False
             generate(model, "a red circle")
         cap.updates("mid_block.attentions.0")   # (steps, batch, C, H, W)
 
+    blocks may name the text stream of a joint block (SD3, FLUX): `transformer_blocks.0:text`, recorded as
+    (steps, batch, C, tokens).
+
     device/dtype: where to keep the records (e.g. "cpu", torch.float16); default: as computed.
     """
     return BlockCapture(model_or_unet, blocks, keep_output=keep_output, device=device, dtype=dtype)
@@ -417,7 +456,10 @@ class EditSession(UNetSession):
     def __init__(self, model_or_unet, edits: list[Edit], saes: dict | None = None, n_steps: int | None = None):
         edits = [e if isinstance(e, Edit) else Edit.from_dict(e) for e in edits]
         saes = {block_name(k): v for k, v in (saes or {}).items()}
-        validate_edits(edits, hookable_blocks(model_or_unet), saes=saes, n_steps=n_steps)
+        text = [e.block for e in edits if split_site(e.block)[1] == "text"]
+        if text:  # a text stream the family's blocks do not write: say why before "unknown block"
+            resolve_blocks(model_or_unet, text)
+        validate_edits(edits, hookable_sites(model_or_unet), saes=saes, n_steps=n_steps)
         if not edits:
             raise EditError("no edit given")
         super().__init__(model_or_unet, sorted({block_name(e.block) for e in edits}))
@@ -425,10 +467,12 @@ class EditSession(UNetSession):
 
     def on_block(self, name, block_input, output):
         update = output - block_input
-        edited = self.prepared.apply(name, update, step=self.state.step, cfg=self.state.cfg)
-        if edited is update:
+        text = update.ndim == 3  # a text stream (batch, C, tokens): edited as a 1 x tokens row (no mask reaches it)
+        shaped = update.unsqueeze(2) if text else update
+        edited = self.prepared.apply(name, shaped, step=self.state.step, cfg=self.state.cfg)
+        if edited is shaped:
             return None  # no edit at this step: leave the block's output untouched
-        return block_input + edited
+        return block_input + (edited.squeeze(2) if text else edited)
 
 
 def apply_edits(model_or_unet, edits, saes: dict | None = None, n_steps: int | None = None) -> EditSession:

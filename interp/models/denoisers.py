@@ -9,7 +9,11 @@ A family is data (`DenoiserFamily`), registered by the class name of its denoise
   U-Net blocks are already (batch, C, H, W). DiT blocks hold a token sequence (batch, tokens, C) laid out row by row
   on the latent grid divided by the patch size (FLUX packs 2 x 2 latent pixels into a token on top of that): it is
   mapped to (batch, C, H / p, W / p) and back, so masks, SAEs and the store see every family alike. Joint (MMDiT)
-  blocks of SD3 and FLUX return `(text stream, image stream)`: the update is the image stream's;
+  blocks of SD3 and FLUX return `(text stream, image stream)`: a block's update is the image stream's;
+- the **text stream** of those joint blocks, a site of its own named `<block>:text` (`interp.names.text_site`):
+  output minus input of the text tokens (`encoder_hidden_states`), (batch, C, tokens), a sequence with no grid.
+  Which blocks write one (SD3's last block reads the text stream but writes none) and how many tokens it holds
+  at the pipeline's defaults (the padded sequences of `text_sequence`, concatenated);
 - which batch rows are the **CFG halves**: `[uncond, cond]` when guidance > 1 (SD 1.x/2.x/SDXL, SD3, PixArt, Sana),
   none for FLUX (its guidance is an embedding distilled into the model);
 - which **tokenizers** read the prompt and how many tokens each takes;
@@ -43,6 +47,9 @@ class DenoiserFamily:
     block_lists: tuple[str, ...] = ()  # DiTs: ModuleList attributes whose items are blocks; () for a U-Net
     tokens: bool = False               # blocks read and write (batch, tokens, C) instead of (batch, C, H, W)
     image_stream: int | None = None    # a block returning a tuple: the index of the image stream in it
+    text_stream: int | None = None     # joint blocks: the index of the text stream in the tuple; None: no text stream
+    text_sequence: tuple[tuple[str, int | None], ...] = ()  # text stream = these padded sequences, concatenated:
+    #                                    (pipeline tokenizer attribute, max_sequence_length; None: its model_max_length)
     packing: int = 1                   # latent pixels per token side on top of patch_size (FLUX: 2)
     cfg_batch: bool = True             # guidance > 1 batches [uncond, cond]; False: no unconditional half
     tokenizers: tuple[tuple[str, int | None], ...] = (("tokenizer", None),)  # (pipeline attribute, max tokens)
@@ -153,6 +160,51 @@ class DenoiserFamily:
         b, c = grid_tensor.shape[:2]
         return grid_tensor.reshape(b, c, -1).transpose(1, 2)
 
+    # ------------------------------------------------------------------ a joint block's text stream
+
+    def text_blocks(self, denoiser) -> list[str]:
+        """The blocks that write a text stream (`<block>:text` sites): every block of a joint family but those that
+        only read it (SD3's last block, `context_pre_only`); none for a family without one."""
+        if self.text_stream is None:
+            return []
+        modules = dict(denoiser.named_modules())
+        return [name for name in self.blocks(denoiser, 2 * self.patch(denoiser))
+                if not getattr(modules[name], "context_pre_only", False)]
+
+    def text_tokens(self, pipe) -> int | None:
+        """The length of the text stream in a generation at the pipeline's defaults (its tokenizers pad to their
+        maximum length); None without a pipeline or a tokenizer to ask."""
+        if self.text_stream is None or pipe is None:
+            return None
+        total = 0
+        for attribute, limit in self.text_sequence:
+            tokenizer = getattr(pipe, attribute, None)
+            if limit is None:
+                if tokenizer is None:
+                    return None
+                limit = int(tokenizer.model_max_length)
+            total += limit
+        return total
+
+    def no_text_stream(self, block: str) -> str:
+        """Why `<block>:text` is not a site of this family, in one line."""
+        if self.text_stream is None:
+            return (f"{self.name} blocks have no text stream: {block}:text names the text tokens of a joint (MMDiT) "
+                    f"block, which only SD3 and FLUX have; capture {block} (the image stream) instead")
+        return (f"{block} writes no text stream (the last joint block only reads it); the text stream is captured "
+                f"after the blocks before it")
+
+    def text_input(self, args, kwargs) -> torch.Tensor:
+        """(batch, tokens, C): the text stream a joint block reads."""
+        return args[1] if len(args) > 1 else kwargs["encoder_hidden_states"]
+
+    def text_output(self, output) -> torch.Tensor:
+        return output[self.text_stream]
+
+    def replace_text_output(self, output, hidden: torch.Tensor):
+        index = self.text_stream
+        return output[:index] + (hidden,) + output[index + 1:]
+
     def describe(self) -> str:
         return f"{self.name} ({self.denoiser_class}: {self.models})"
 
@@ -200,12 +252,13 @@ UNET = register_family(DenoiserFamily(
     tokenizers=(("tokenizer", None), ("tokenizer_2", None))))
 SD3 = register_family(DenoiserFamily(
     "sd3", "SD3Transformer2DModel", "transformer", "Stable Diffusion 3 / 3.5",
-    block_lists=("transformer_blocks",), tokens=True, image_stream=1,
+    block_lists=("transformer_blocks",), tokens=True, image_stream=1, text_stream=0,
+    text_sequence=(("tokenizer", None), ("tokenizer_3", 256)),  # CLIP's 77 (both CLIPs side by side), T5's 256
     tokenizers=(("tokenizer", None), ("tokenizer_2", None), ("tokenizer_3", 256))))
 FLUX = register_family(DenoiserFamily(
     "flux", "FluxTransformer2DModel", "transformer", "FLUX.1",
-    block_lists=("transformer_blocks", "single_transformer_blocks"), tokens=True, image_stream=1, packing=2,
-    cfg_batch=False, tokenizers=(("tokenizer", None), ("tokenizer_2", 512))))
+    block_lists=("transformer_blocks", "single_transformer_blocks"), tokens=True, image_stream=1, text_stream=0,
+    text_sequence=(("tokenizer_2", 512),), packing=2, cfg_batch=False, tokenizers=(("tokenizer", None), ("tokenizer_2", 512))))
 PIXART = register_family(DenoiserFamily(
     "pixart", "PixArtTransformer2DModel", "transformer", "PixArt-alpha, PixArt-Sigma",
     block_lists=("transformer_blocks",), tokens=True, tokenizers=(("tokenizer", 300),),

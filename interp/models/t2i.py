@@ -97,6 +97,32 @@ class BlockInfo:
     height: int     # positions at the model's default resolution
     width: int
 
+    stream = "image"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """One image's update at one step: (channels, height, width)."""
+        return self.channels, self.height, self.width
+
+
+@dataclass(frozen=True)
+class TextStreamInfo:
+    """The text stream of a joint (MMDiT) block, the site `<block>:text`: a token sequence, no spatial grid."""
+
+    name: str            # "transformer_blocks.3:text"
+    block: str           # the block whose tuple output carries it: "transformer_blocks.3"
+    channels: int
+    tokens: int | None   # text tokens at the pipeline's defaults (None: a bare denoiser, no pipeline to ask)
+
+    stream = "text"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """One image's update at one step: (channels, tokens)."""
+        if self.tokens is None:
+            raise ValueError(f"the length of {self.name} is unknown without the pipeline (its tokenizers)")
+        return self.channels, self.tokens
+
 
 @dataclass
 class T2IModel:
@@ -111,6 +137,12 @@ class T2IModel:
     default_blocks: tuple[str, ...] = SDXL_BLOCKS  # see `default_blocks()`; filtered to the UNet's blocks
     world: str | None = None  # the world it was made in (`interp.ground_truth.ground_truth_for`); None: real
     family: DenoiserFamily = UNET  # how its denoiser is hooked (`interp.models.denoisers`)
+    text_sites: dict[str, TextStreamInfo] = field(default_factory=dict)  # joint blocks' `<block>:text` streams
+
+    @property
+    def sites(self) -> dict:
+        """Everything a capture and the store can record: the blocks (image stream) and the text streams."""
+        return {**self.blocks, **self.text_sites}
 
     @property
     def denoiser(self):
@@ -130,7 +162,8 @@ class T2IModel:
         return {"name": self.name, "family": self.family.name, "pipeline": type(self.pipe).__name__,
                 "default_steps": self.default_steps, "default_guidance": self.default_guidance,
                 "default_size": self.default_size, "default_blocks": list(self.default_blocks),
-                "blocks": {k: asdict(v) for k, v in self.blocks.items()}}
+                "blocks": {k: asdict(v) for k, v in self.blocks.items()},
+                "text_sites": {k: asdict(v) for k, v in self.text_sites.items()}}
 
     def check_prompt(self, prompt: str) -> str:
         """The prompt, stripped, or a ModelError saying why it cannot be generated."""
@@ -368,6 +401,17 @@ def block_info(denoiser, names=None, latent_side: int | None = None) -> dict[str
     return infos
 
 
+def text_stream_info(denoiser, pipe=None) -> dict[str, TextStreamInfo]:
+    """`<block>:text` -> its channels and length (at the pipeline's defaults) for each joint block that writes a
+    text stream (SD3, FLUX); {} for a family without one."""
+    from ..names import text_site
+
+    family = family_of_module(denoiser)
+    channels = family.channels(denoiser) if family.tokens else 0
+    tokens = family.text_tokens(pipe)
+    return {text_site(b): TextStreamInfo(text_site(b), b, channels, tokens) for b in family.text_blocks(denoiser)}
+
+
 def resolve(name_or_path: str) -> tuple[str, KnownModel | None]:
     if name_or_path in KNOWN_MODELS:
         return KNOWN_MODELS[name_or_path].source, KNOWN_MODELS[name_or_path]
@@ -466,4 +510,5 @@ def t2i_model(pipe, name: str, default_steps: int = 30, default_guidance: float 
     infos = block_info(denoiser_of(pipe), latent_side=default_latent_side(pipe))
     analysed = tuple(b for b in blocks if b in infos) or family.default_blocks(infos)
     return T2IModel(name=name, pipe=pipe, default_steps=default_steps, default_guidance=default_guidance,
-                    vocabulary=vocabulary, blocks=infos, default_blocks=analysed, world=world, family=family)
+                    vocabulary=vocabulary, blocks=infos, default_blocks=analysed, world=world, family=family,
+                    text_sites=text_stream_info(denoiser_of(pipe), pipe))
