@@ -1,6 +1,7 @@
 """float32 against bfloat16 on every path where the workbench offers bf16, side by side in one run, interleaved.
 
-    python benchmarks/dtype.py [--model smollm2-135m-instruct|toy-chat] [--only capture generation sae lora t2i]
+    python benchmarks/dtype.py [--model smollm2-135m-instruct|toy-chat] [--only capture generation sae lora t2i
+                               t2i-capture]
                                [--threads 2] [--out runs/benchmarks/dtype.json]
 
 Each path runs both sides on the same inputs, alternating repeat by repeat, so that load from other
@@ -21,6 +22,11 @@ work on the machine hits both alike; it reports medians, their ratio, and what b
               two trained adapters.
   t2i         one-step generation of the embedded toy pipeline, float32 vs a bf16 pipeline. Change: the
               largest pixel difference (of 255).
+  t2i-capture the toy's store collection (interp.collect.collect, --images images, --t2i-steps steps, float32)
+              of each --t2i-block-sets entry (mid: mid_block.attentions.0; default: the toy's analysed blocks),
+              `whole` (stop_after_last=False: every call runs the whole U-Net, then the last scheduler step)
+              vs `truncated` (the default: the final call ends after the last hooked block). Change: none,
+              checked (every stored tensor equal).
 """
 
 from __future__ import annotations
@@ -42,7 +48,8 @@ from interp.models.lm import available_lms, load_lm  # noqa: E402
 
 DOLLY = "/work/shared/data/dolly-sample.jsonl"
 XSTEST = "/work/shared/data/xstest_prompts.csv"
-PATHS = ("capture", "generation", "sae", "lora", "t2i")
+PATHS = ("capture", "generation", "sae", "lora", "t2i", "t2i-capture")
+MID = "mid_block.attentions.0"
 
 
 def timed(fn):
@@ -265,6 +272,42 @@ def bench_t2i(args) -> dict:
             "mean_pixel_difference_of_255": float(difference.mean())}
 
 
+def bench_t2i_capture(args) -> dict:
+    import tempfile
+
+    from interp.collect import CollectionPlan, collect
+    from interp.ground_truth import world
+    from interp.models import load_t2i
+    from interp.store import ActivationStore
+
+    model = load_t2i("toy", device="cpu", dtype=torch.float32)
+    prompts = world("shapes").prompts(args.images, 0)
+    out = {"images": len(prompts), "steps": args.t2i_steps, "sets": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.t2i_block_sets:
+            blocks = [MID] if name == "mid" else list(model.default_blocks)
+            runs = {"whole": 0, "truncated": 0}
+
+            def run(stop: bool, side: str, blocks=blocks, name=name, runs=runs):
+                runs[side] += 1
+                plan = CollectionPlan(model="toy", blocks=blocks, prompts=prompts, seeds=list(range(len(prompts))),
+                                      steps=args.t2i_steps, guidance=0.0, images_per_shard=len(prompts))
+                path = Path(tmp) / f"{name}-{side}-{runs[side]}"
+                collect(model, plan, path, progress=False, stop_after_last=stop)
+                return path
+
+            seconds, results = interleaved({"whole": lambda: run(False, "whole"),
+                                            "truncated": lambda: run(True, "truncated")}, args.repeats,
+                                           f"t2i-capture {name}")
+            whole, cut = (ActivationStore(results[side]) for side in ("whole", "truncated"))
+            identical = all(torch.equal(whole.image(i, b), cut.image(i, b)) for b in blocks for i in range(len(whole)))
+            ips = {side: len(prompts) / median(times) for side, times in seconds.items()}
+            out["sets"][name] = {"blocks": blocks, "seconds": seconds, "images_per_s": ips,
+                                 "truncated_over_whole": ips["truncated"] / ips["whole"],
+                                 "bit_identical": identical}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: smollm2-135m-instruct when fetched, else toy-chat")
@@ -289,6 +332,9 @@ def main() -> int:
     parser.add_argument("--lora-steps", type=int, default=4)
     parser.add_argument("--lora-lr", type=float, default=1e-3)
     parser.add_argument("--images", type=int, default=32)
+    parser.add_argument("--t2i-steps", type=int, default=1, help="t2i-capture: denoising steps")
+    parser.add_argument("--t2i-block-sets", nargs="+", choices=("mid", "default"), default=["mid", "default"],
+                        help="t2i-capture: mid_block.attentions.0 alone, and/or the toy's analysed blocks")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="runs/benchmarks/dtype.json")
     args = parser.parse_args()
@@ -327,6 +373,12 @@ def main() -> int:
         result["t2i"] = t = bench_t2i(args)
         print(f"toy generation {t['images']} images: float32 {t['images_per_s']['float32']:.1f} img/s, bf16 "
               f"{t['bf16_over_float32']:.2f}x; max pixel difference {t['max_pixel_difference_of_255']:.0f}/255")
+    if "t2i-capture" in args.only:
+        result["t2i_capture"] = tc = bench_t2i_capture(args)
+        for name, r in tc["sets"].items():
+            print(f"toy store collection, {tc['images']} images, {tc['steps']} step(s), {name} blocks: whole "
+                  f"{r['images_per_s']['whole']:.1f} img/s, truncated {r['truncated_over_whole']:.2f}x "
+                  f"(bit-identical: {r['bit_identical']})")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

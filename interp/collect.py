@@ -80,10 +80,12 @@ def read_prompts(path: str | os.PathLike) -> list[str]:
 
 # ----------------------------------------------------------------------------- text-to-image collection
 
-def _capture_images(model, plan: CollectionPlan, start: int, stop: int) -> tuple[dict[str, torch.Tensor], list[int]]:
+def _capture_images(model, plan: CollectionPlan, start: int, stop: int,
+                    stop_after_last: bool = True) -> tuple[dict[str, torch.Tensor], list[int]]:
     """{block: (n, steps, C, H, W) fp16 on the CPU} for images [start, stop), and the denoiser calls each scheduler
-    step made (a step of several, Heun's or PNDM's warm-up, is stored as the mean of their updates)."""
-    with capture_updates(model, plan.blocks, device="cpu") as cap:
+    step made (a step of several, Heun's or PNDM's warm-up, is stored as the mean of their updates).
+    stop_after_last: the final denoiser call ends after the plan's last block (no VAE either; bit-identical)."""
+    with capture_updates(model, plan.blocks, device="cpu", stop_after_last=stop_after_last) as cap:
         generate(model, plan.prompts[start:stop], steps=plan.steps, seed=plan.seeds[start:stop],
                  guidance=plan.guidance, output_type="latent")
     tensors = {block: cap.updates(block, plan.half).transpose(0, 1).to(STORE_DTYPE).contiguous()
@@ -96,10 +98,12 @@ def _capture_images(model, plan: CollectionPlan, start: int, stop: int) -> tuple
 
 
 def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, world_size: int = 1,
-            barrier=None, progress: bool = True) -> Path:
+            barrier=None, progress: bool = True, stop_after_last: bool = True) -> Path:
     """Record the plan's block updates into `out`; resumes an interrupted run; returns the manifest path.
 
     With world_size > 1, call on every rank (barrier: a function that waits for all ranks).
+    stop_after_last (default): each generation's final denoiser call ends after the plan's last block, and its
+    scheduler step and VAE decode are skipped (`capture_updates`' option; the store is bit-identical).
     """
     from tqdm import tqdm
 
@@ -131,7 +135,7 @@ def collect(model, plan: CollectionPlan, out: str | os.PathLike, rank: int = 0, 
                       total=len(mine)):
         start, stop = plan.shard_range(shard)
         try:
-            tensors, calls = _capture_images(model, plan, start, stop)
+            tensors, calls = _capture_images(model, plan, start, stop, stop_after_last)
         except Exception:
             # A generation that fails before any shard is written (a model that cannot run these prompts) must
             # not leave a plan that asks to resume: the same command would fail again.
@@ -330,11 +334,13 @@ def collect_lm(lm, plan: LMCollectionPlan, sequences: list[list[int]], selected:
 
 def stream_vectors(model, block: str, prompts: Iterable[str], batch_size: int, steps: int | None = None,
                    guidance: float | None = None, seed: int = 0, images_per_generation: int = 8,
-                   shuffle: bool = True, buffer_vectors: int = 1 << 16, half: str = "cond") -> Iterator[torch.Tensor]:
+                   shuffle: bool = True, buffer_vectors: int = 1 << 16, half: str = "cond",
+                   stop_after_last: bool = True) -> Iterator[torch.Tensor]:
     """Float32 (batch, channels) vectors of a block's updates, straight from generation (no disk).
 
     prompts may be endless (a generator); image i gets seed `seed + i`. Vectors are
     shuffled within a window of about `buffer_vectors`; the last partial batch is yielded.
+    stop_after_last (default): each generation's final denoiser call ends after the block (bit-identical).
     """
     generator = torch.Generator().manual_seed(seed)
     steps = model.default_steps if steps is None else steps
@@ -364,7 +370,7 @@ def stream_vectors(model, block: str, prompts: Iterable[str], batch_size: int, s
             break
         seeds = list(range(seed + image_index, seed + image_index + len(chunk)))
         image_index += len(chunk)
-        with capture_updates(model, [block], device="cpu") as cap:
+        with capture_updates(model, [block], device="cpu", stop_after_last=stop_after_last) as cap:
             generate(model, chunk, steps=steps, seed=seeds, guidance=guidance, output_type="latent")
         x = cap.updates(block, half)  # (steps, n, C, H, W); a text stream's (steps, n, C, tokens)
         vectors = x.transpose(0, 1).movedim(2, -1).reshape(-1, x.shape[2]).float()

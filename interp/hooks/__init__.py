@@ -74,9 +74,9 @@ def capture(model, sites, **options):
     """Context manager recording ``sites`` of ``model`` in the forward passes of this context.
 
     A text-to-image model: ``sites`` are U-Net block names and this is `capture_updates(model, sites,
-    **options)` (``keep_output``, ``device``, ``dtype``); read ``.updates(block)``. A language model: ``sites``
-    are residual hook names and this is `residual_capture(model, sites, **options)` (``last_index``,
-    ``keep_graph``); read ``.activations[name]``.
+    **options)` (``keep_output``, ``device``, ``dtype``, ``stop_after_last``); read ``.updates(block)``. A
+    language model: ``sites`` are residual hook names and this is `residual_capture(model, sites, **options)`
+    (``last_index``, ``keep_graph``); read ``.activations[name]``.
     """
     if model_kind(model) == "lm":
         return lm.residual_capture(model, sites, **options)

@@ -355,12 +355,35 @@ class BlockCapture(UNetSession):
     """
 
     def __init__(self, model_or_unet, blocks=SDXL_BLOCKS, keep_output: bool = False,
-                 device: str | torch.device | None = None, dtype: torch.dtype | None = None):
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                 stop_after_last: bool = False):
         super().__init__(model_or_unet, blocks)
         self.keep_output = keep_output
         self.device = device
         self.dtype = dtype
         self.records = {name: [] for name in self.blocks}
+        self.stop = None
+        if stop_after_last:
+            from .truncate import stop_after_blocks
+
+            self.stop = stop_after_blocks(model_or_unet, self.blocks)
+
+    def __enter__(self):
+        super().__enter__()
+        if self.stop is not None:
+            try:
+                self.stop.__enter__()  # after this session's hooks: they record the last block before it ends the call
+            except BaseException:
+                super().__exit__(None, None, None)
+                raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            swallowed = self.stop is not None and self.stop.__exit__(exc_type, exc, tb)
+        finally:
+            super().__exit__(exc_type, exc, tb)
+        return bool(swallowed)
 
     def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.detach()
@@ -433,7 +456,8 @@ class BlockCapture(UNetSession):
 
 
 def capture_updates(model_or_unet, blocks=SDXL_BLOCKS, keep_output: bool = False,
-                    device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> BlockCapture:
+                    device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                    stop_after_last: bool = False) -> BlockCapture:
     """Context manager recording each block's update (output - input) at each denoising step.
 
         with capture_updates(model, ["mid_block.attentions.0"]) as cap:
@@ -444,8 +468,14 @@ def capture_updates(model_or_unet, blocks=SDXL_BLOCKS, keep_output: bool = False
     (steps, batch, C, tokens).
 
     device/dtype: where to keep the records (e.g. "cpu", torch.float16); default: as computed.
+
+    stop_after_last: for a caller that throws the image away. Each generation's final denoiser call ends after the
+    last of these blocks it runs, and nothing after it (the rest of the denoiser, the last scheduler step, the VAE)
+    runs; the pipeline call returns nothing, and the records are bit for bit those of a whole generation
+    (`interp.hooks.truncate`). Where the last call cannot be known it runs whole.
     """
-    return BlockCapture(model_or_unet, blocks, keep_output=keep_output, device=device, dtype=dtype)
+    return BlockCapture(model_or_unet, blocks, keep_output=keep_output, device=device, dtype=dtype,
+                        stop_after_last=stop_after_last)
 
 
 # ----------------------------------------------------------------------------- intervention

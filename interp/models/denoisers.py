@@ -77,6 +77,15 @@ class DenoiserFamily:
         return {f"{attribute}.{i}": (channels, side, side)
                 for attribute in self.block_lists for i in range(len(getattr(denoiser, attribute, ()) or ()))}
 
+    def execution_order(self, denoiser) -> list[str]:
+        """The blocks in the order a denoiser call runs them: a U-Net's down blocks, its mid block, then its up
+        blocks (its modules are registered down, up, mid, so module order is not it); a DiT's block lists in turn,
+        each in index order (FLUX: the joint blocks, then the single ones)."""
+        names = list(self.blocks(denoiser, 2 * self.patch(denoiser) if self.tokens else 8))
+        if self.tokens:
+            return names
+        return sorted(names, key=_unet_position)
+
     def size_multiple(self, denoiser, vae_scale_factor: int) -> int:
         """Image sides must be multiples of this (the VAE, then the U-Net's levels or the patches)."""
         if not self.tokens:
@@ -237,6 +246,16 @@ def _unet_blocks(unet, latent_side: int) -> dict[str, tuple[int, int, int]]:
         side = latent_side // 2 ** level
         infos[name] = (module.config.in_channels, side, side)
     return infos
+
+
+_UNET_PARTS = {"down_blocks": 0, "mid_block": 1, "up_blocks": 2}
+
+
+def _unet_position(name: str) -> tuple[int, int, int]:
+    """Where a U-Net block runs in a call: (down / mid / up, the level's index, the attention's index)."""
+    parts = name.split(".")
+    level = int(parts[1]) if parts[0] != "mid_block" else 0
+    return _UNET_PARTS[parts[0]], level, int(parts[-1])
 
 
 FAMILIES: dict[str, DenoiserFamily] = {}

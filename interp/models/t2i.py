@@ -253,6 +253,8 @@ class GenerationCall:
     cfg: bool  # the denoiser batch is [uncond, cond]
     steps: int | None = None  # scheduler steps asked for
     scheduler: object = None  # the call's own scheduler (its timesteps are set before the first denoiser call)
+    calls_known: bool = True  # False: the call's options change which timesteps run (denoising_end, ...)
+    progress: Callable[[int, int], None] | None = None  # the `on_each_step` callback this call reports to
 
     def step_of_call(self, call: int) -> int:
         """The scheduler step that denoiser call `call` (0, 1, ... within this generation) belongs to."""
@@ -263,6 +265,27 @@ class GenerationCall:
         steps = step_of_calls(max(n_calls, call + 1), self.steps, int(getattr(self.scheduler, "order", 1) or 1))
         return steps[call]
 
+    def last_call(self) -> int | None:
+        """The index of the generation's final denoiser call, from its scheduler's own count (one call per entry
+        of its timesteps: Heun's 4 steps are 7 calls, the last step's one), once the pipeline has set them; None
+        where that cannot be known: outside `run_pipeline`, before the timesteps are set, a scheduler that starts
+        part-way (img2img's begin index), options that cut the timesteps short, or a count that does not end on
+        the last step asked for."""
+        if not self.calls_known or self.scheduler is None or self.steps is None:
+            return None
+        timesteps = getattr(self.scheduler, "timesteps", None)
+        if timesteps is None or getattr(self.scheduler, "begin_index", None) not in (None, 0):
+            return None
+        n_calls = len(timesteps)
+        order = int(getattr(self.scheduler, "order", 1) or 1)
+        if n_calls < self.steps or step_of_calls(n_calls, self.steps, order)[-1] != self.steps - 1:
+            return None
+        return n_calls - 1
+
+
+# Pipeline-call options that choose or cut the timesteps a generation runs: with any of them, which denoiser call is
+# the last is not the scheduler's count (`GenerationCall.last_call`).
+TIMESTEP_OPTIONS = ("denoising_start", "denoising_end", "strength", "timesteps", "sigmas", "image")
 
 # The pipeline call in progress in the current context (None outside `run_pipeline`).
 _GENERATION_CALL: ContextVar[GenerationCall | None] = ContextVar("interp_generation_call", default=None)
@@ -274,6 +297,13 @@ _STEP_CALLBACK: ContextVar[Callable[[int, int], None] | None] = ContextVar("inte
 def current_generation_call() -> GenerationCall | None:
     """The pipeline call in progress in this context (None outside `run_pipeline`): what hooks need to know."""
     return _GENERATION_CALL.get()
+
+
+def report_last_step(call: GenerationCall) -> None:
+    """Tell this context's progress callback (`on_each_step`) that the call's last step is done: a generation
+    ended early at its final denoiser call (`interp.hooks.truncate`) never reaches the step's end."""
+    if call.progress is not None and call.steps is not None:
+        call.progress(call.steps, call.steps)
 
 
 @contextmanager
@@ -329,9 +359,12 @@ def run_pipeline(pipe, **call_kwargs):
     guidance = float(call_kwargs.get("guidance_scale", 5.0))
     total = int(call_kwargs.get("num_inference_steps") or 1)
     private = private_pipeline(pipe)
-    call = GenerationCall(cfg=do_cfg(pipe, guidance), steps=total, scheduler=private.scheduler)
     callback = _STEP_CALLBACK.get()
-    if callback is not None and "callback_on_step_end" not in call_kwargs:
+    reports = callback is not None and "callback_on_step_end" not in call_kwargs
+    call = GenerationCall(cfg=do_cfg(pipe, guidance), steps=total, scheduler=private.scheduler,
+                          calls_known=not any(call_kwargs.get(k) is not None for k in TIMESTEP_OPTIONS),
+                          progress=callback if reports else None)
+    if reports:
         callback(0, total)
 
         def step_end(_pipe, index, _timestep, _tensors):
