@@ -11,6 +11,7 @@ guidance (both halves), on held-out captions of the shapes world.
     python -m experiments.step_transfer report   # experiments/results/step_transfer.{json,md} from runs/;
                                                  # --docs also refills docs/experiments/step-transfer.md's tables
     python -m experiments.step_transfer causal   # RIEBench edits with the 1-step SAEs at 1, 2 and 4 steps
+    python -m experiments.step_transfer paint    # painted labels (`saes causal`) with them at 1, 2 and 4 steps
     python -m experiments.step_transfer cost     # one toy-base recipe step, timed
     python -m experiments.step_transfer run --base runs/t2i-base/pipeline   # the multi-step base model too
 
@@ -415,6 +416,159 @@ def causal_results() -> dict | None:
     return out
 
 
+# ----------------------------------------------------------------------------- painted labels
+
+PAINT_STEPS = CAUSAL_STEPS
+PAINT_BLOCKS = CAUSAL_BLOCKS
+PAINT_ATTRIBUTES = ("colour", "texture", "shape")  # what the RIEBench categories above change
+PAINT_PER_LABEL = 1      # features per label: the label search's first (`FeatureLibrary.search`: by the card's
+                         # 1-step causal score, then AUROC): the feature the Paint tab offers for the label
+PAINT_STRENGTHS = (3.0, 6.0, 12.0)  # x the feature's mean activation; 3: `saes causal`'s and the Paint tab's default
+PAINT_SCENES = 24        # held-out scenes per label (`saes causal`'s default)
+PAINT_SEED = 33          # the scenes' seed: other scenes than those of the cards' scores (seed 21), which chose
+                         # the features, so that the 1-step figure is not the choice's own measurement
+
+
+def paint_features(library, blocks=PAINT_BLOCKS, attributes=PAINT_ATTRIBUTES, per_label: int = PAINT_PER_LABEL):
+    """[(block, feature, label)]: per block and label of `attributes`, the label search's first `per_label`
+    features (the best painters at 1 step by the cards' `saes causal` scores, then by AUROC)."""
+    from saes.library import label_rank
+
+    chosen = []
+    for block in blocks:
+        by_label: dict[str, list[dict]] = {}
+        for card in library.cards(block):
+            if card.get("label") and card["label"].partition("=")[0] in attributes:
+                by_label.setdefault(card["label"], []).append(card)
+        for label in sorted(by_label):
+            chosen += [(block, c["id"], label) for c in sorted(by_label[label], key=label_rank)[:per_label]]
+    return chosen
+
+
+def paint(args) -> int:
+    """Painted labels with the shipped 1-step SAEs at 1, 2 and 4 steps: `saes causal`'s measurement
+    (`saes.causal.causal_label_scores`: the feature painted into held-out objects at every step, the world's probe
+    reads whether the label shows there and whether the rest is kept), the same scenes and seeds at each step count.
+    Resumable: one file per step count, strength and block under runs/step_transfer/paint/."""
+    from interp.models.t2i import load_t2i
+    from saes.causal import causal_label_scores
+    from saes.library import FeatureLibrary
+    from saes.strict_json import write_json
+
+    global RUN_ROOT
+    RUN_ROOT = Path(args.out).resolve()
+    torch.set_num_threads(args.threads)
+    library = FeatureLibrary(args.sae)
+    chosen = paint_features(library, args.block or PAINT_BLOCKS, per_label=args.per_label)
+    model = None
+    originals: dict = {}
+    for steps in args.steps:
+        for strength in args.strength:
+            for block in dict.fromkeys(b for b, _, _ in chosen):
+                features = [f for b, f, _ in chosen if b == block]
+                config = {"steps": steps, "strength": strength, "scenes": args.scenes, "seed": args.seed,
+                          "block": block, "features": features, "sae": _shown(Path(args.sae).resolve())}
+                path = RUN_ROOT / "paint" / f"steps{steps}" / f"{block}-s{strength:g}.json"
+                if path.exists() and json.loads(path.read_text())["config"] == config:
+                    continue
+                if model is None:
+                    model = load_t2i(MODEL)
+                    model.pipe.set_progress_bar_config(disable=True)
+                _log(f"painting {len(features)} labelled features of {block} at {steps} step(s), strength "
+                     f"{strength:g}, {args.scenes} scenes each")
+                start = time.perf_counter()
+                scores = causal_label_scores(library, model, block, features, n_scenes=args.scenes,
+                                             strength=strength, seed=args.seed, originals=originals, steps=steps,
+                                             preservation=True)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_json(path, {"config": config, "seconds": time.perf_counter() - start,
+                                  "scores": {str(f): {"label": library.card(block, f)["label"],
+                                                      "card_causal_label": library.card(block, f).get("causal_label"),
+                                                      **scores[f]} for f in features}}, indent=2)
+    _log("painted labels done")
+    return 0
+
+
+def paint_results() -> dict | None:
+    """{"config", "features": [{block, feature, label, card_causal_label}], "scores": {steps: {strength: {block:
+    {feature: {causal_label, causal_label_before, causal_label_n, preservation}}}}}} from the paint runs, or None.
+    Every step count must have been run with the same features, scenes and seed."""
+    root = RUN_ROOT / "paint"
+    files = sorted(root.glob("steps*/*.json"))
+    if not files:
+        return None
+    scores: dict = {}
+    features, shared = {}, None
+    for path in files:
+        data = json.loads(path.read_text())
+        config = data["config"]
+        common = {k: config[k] for k in ("scenes", "seed", "sae")}
+        if shared is None:
+            shared = common
+        elif common != shared:
+            raise ValueError(f"{_shown(path)} was painted with {common}, others with {shared}: run "
+                             "`python -m experiments.step_transfer paint` again with one setting")
+        block = config["block"]
+        scores.setdefault(str(config["steps"]), {}).setdefault(f"{config['strength']:g}", {})[block] = {
+            f: {k: v for k, v in entry.items() if k not in ("label", "card_causal_label")}
+            for f, entry in data["scores"].items()}
+        for f, entry in data["scores"].items():
+            features[(block, int(f))] = {"block": block, "feature": int(f), "label": entry["label"],
+                                         "card_causal_label": entry["card_causal_label"]}
+    grid = {(s, st, b, f) for s, by_strength in scores.items() for st, by_block in by_strength.items()
+            for b, by_feature in by_block.items() for f in by_feature}
+    steps, strengths = sorted(scores, key=int), sorted({st for v in scores.values() for st in v}, key=float)
+    missing = [(s, st, b, str(f)) for s in steps for st in strengths for (b, f) in features
+               if (s, st, b, str(f)) not in grid]
+    if missing:
+        raise ValueError(f"the paint runs are incomplete ({len(missing)} of {len(grid) + len(missing)} measurements "
+                         f"missing, e.g. {missing[0]}): run `python -m experiments.step_transfer paint` to the end")
+    ordered = sorted(features.values(), key=lambda e: (PAINT_BLOCKS.index(e["block"]) if e["block"] in PAINT_BLOCKS
+                                                       else len(PAINT_BLOCKS), e["label"], e["feature"]))
+    return {"config": shared | {"steps": [int(s) for s in steps], "strengths": [float(st) for st in strengths]},
+            "features": ordered,
+            "scores": {s: {st: scores[s][st] for st in strengths} for s in steps}}
+
+
+def _steps_name(steps: str) -> str:
+    return f"{steps} step{'s' if steps != '1' else ''}"
+
+
+def paint_summary_table(data: dict) -> str:
+    """Per strength and step count, over the painted features: the mean share of scenes where the probe reads the
+    label (after and before the edit), how many features read it on at least a quarter of the scenes, and the mean
+    preservation."""
+    paint = data["paint"]
+    lines = ["| strength | steps | features | label read after | before | features reading it on >= 0.25 | "
+             "preservation |", "|---:|---|---:|---:|---:|---:|---:|"]
+    for strength in (f"{s:g}" for s in paint["config"]["strengths"]):
+        for steps, by_strength in paint["scores"].items():
+            entries = [e for by_feature in by_strength[strength].values() for e in by_feature.values()]
+            lines.append(f"| {strength} | {_steps_name(steps)} | {len(entries)} | "
+                         f"{np.mean([e['causal_label'] for e in entries]):.3f} | "
+                         f"{np.mean([e['causal_label_before'] for e in entries]):.3f} | "
+                         f"{sum(e['causal_label'] >= 0.25 for e in entries)} | "
+                         f"{np.mean([e['preservation'] for e in entries]):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def paint_table(data: dict) -> str:
+    """Per painted feature: its card's 1-step score, then at each strength and step count the share of scenes that
+    read the label after the edit and the preservation."""
+    paint = data["paint"]
+    strengths = [f"{s:g}" for s in paint["config"]["strengths"]]
+    steps = list(paint["scores"])
+    header = " | ".join(f"s {st}, {_steps_name(s)}" for st in strengths for s in steps)
+    lines = [f"| block | label | feature | card (1 step) | {header} |",
+             "|---|---|---:|---:|" + "---:|" * (len(strengths) * len(steps))]
+    for e in paint["features"]:
+        cells = [paint["scores"][s][st][e["block"]][str(e["feature"])] for st in strengths for s in steps]
+        card = e["card_causal_label"]
+        lines.append(f"| {e['block']} | {e['label']} | #{e['feature']} | {_f(card, 2)} | " + " | ".join(
+            f"{c['causal_label']:.2f} / {c['preservation']:.2f}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- toy-base's cost
 
 def base_step_seconds(steps: int = 4, batch: int = 32, threads: int = 1) -> dict:
@@ -502,6 +656,7 @@ def collect_results(base: str | None = None) -> dict:
     cost_path = RUN_ROOT / "base_step_cost.json"
     data["base_step_cost"] = json.loads(cost_path.read_text()) if cost_path.exists() else None
     data["causal"] = causal_results()
+    data["paint"] = paint_results()
     return data
 
 
@@ -630,8 +785,21 @@ def markdown(data: dict) -> str:
                f"\nRIEBench's shapes suite with the shipped 1-step SAEs (method sae, static, k_trans {CAUSAL_K_TRANS}, "
                f"through {', '.join(CAUSAL_BLOCKS)}), the same tasks generated and edited at 1, 2 and 4 steps "
                "(`python -m experiments.step_transfer causal`):\n\n" + causal_table(data))
+            + ("" if not data.get("paint") else
+               f"\nPainted labels with the shipped 1-step SAEs (`saes causal`'s measurement, "
+               f"`saes.causal.causal_label_scores`): per block of the RIEBench edits and label of "
+               f"{', '.join(PAINT_ATTRIBUTES)}, the label search's first feature, painted at every step into the "
+               f"target object of {data['paint']['config']['scenes']} held-out scenes (seed "
+               f"{data['paint']['config']['seed']}; not the scenes of the cards' 1-step scores, seed 21, which chose "
+               f"the features) at strength s x its mean activation; the same scenes and seeds generated and edited "
+               f"at 1, 2 and 4 steps (`python -m experiments.step_transfer paint`). Label read: share of scenes "
+               f"where the world's probe reads the label on the edited object (before: on the unedited image); "
+               f"preservation: share of what the edit should not touch (background, other objects, the object's "
+               f"other attributes, no new object) read as on the unedited image:\n\n" + paint_summary_table(data)
+               + "\nPer feature (card: its stored 1-step score, seed 21, strength 3; each cell: label read / "
+                 "preservation):\n\n" + paint_table(data))
             + cost_line(data)
-            + "\nMade by `python -m experiments.step_transfer run` (then `report`).\n")
+            + "\nMade by `python -m experiments.step_transfer run`, `causal`, `paint` and `cost` (then `report`).\n")
 
 
 DOCS_PAGE = Path("docs") / "experiments" / "step-transfer.md"
@@ -682,12 +850,25 @@ def main(argv: list[str] | None = None) -> int:
     causal_parser.add_argument("--threads", type=int, default=defaults.threads)
     causal_parser.add_argument("--limit", type=int, default=CAUSAL_LIMIT, help="tasks per category")
     causal_parser.set_defaults(run=causal)
+    paint_parser = commands.add_parser("paint", help="painted labels with the 1-step SAEs at 1, 2 and 4 steps "
+                                                     "(resumable; read by report)")
+    paint_parser.add_argument("--threads", type=int, default=defaults.threads)
+    paint_parser.add_argument("--sae", default=_shown(SAE_ROOT), help="the SAEs and their feature cards")
+    paint_parser.add_argument("--block", action="append", default=None,
+                              help=f"paint features of this block (repeatable; default: {', '.join(PAINT_BLOCKS)})")
+    paint_parser.add_argument("--per-label", type=int, default=PAINT_PER_LABEL, help="features per label")
+    paint_parser.add_argument("--scenes", type=int, default=PAINT_SCENES, help="held-out scenes per label")
+    paint_parser.add_argument("--seed", type=int, default=PAINT_SEED, help="seed of the scenes (with the label)")
+    paint_parser.add_argument("--steps", type=int, nargs="+", default=list(PAINT_STEPS), help="step counts")
+    paint_parser.add_argument("--strength", type=float, nargs="+", default=list(PAINT_STRENGTHS),
+                              help="strengths, x the feature's mean activation")
+    paint_parser.set_defaults(run=paint)
     for sub in (run_parser, report_parser):
         sub.add_argument("--base", default=None, metavar="DIR",
                          help="also measure this multi-step model of the toy's architecture (a toy-base pipeline "
                               "saved by `python -m interp.zoo train t2i --objective v_prediction`) at its steps and "
                               "guidance, both CFG halves")
-    for sub in (run_parser, report_parser, cost_parser, causal_parser):
+    for sub in (run_parser, report_parser, cost_parser, causal_parser, paint_parser):
         sub.add_argument("--out", default=_shown(RUN_ROOT), help="the run directory")
         sub.add_argument("--results", default=_shown(RESULTS), help="where the JSON and markdown tables go")
     args = parser.parse_args(argv)

@@ -17,6 +17,12 @@ object in cell P (empty in the scene); background=B: the edit covers everything 
 reads background B. A value that would hide an object on its background (`GroundTruth.hides_on_background`: the
 shapes world's colours) is never asked of an object on that background, nor of a background behind such an object.
 
+With `steps`, the scenes are generated (and the feature painted, at every step, as `FeatureLibrary.paint` does
+by default) at that many denoising steps instead of the model's default; `preservation=True` adds how much of what
+the edit should leave alone reads the same as on the unedited image (`preserved`: RIEBench's preservation,
+`riebench.metrics.attribute_preservation`, for a painted label). `experiments.step_transfer paint` measures the
+shipped 1-step SAEs' features so at 1, 2 and 4 steps.
+
 Scenes are drawn from the world's held-out split (combinations the model never trained on; the model's
 `GroundTruth` draws them, captions them and gives their objects' masks) by a generator seeded with `seed` and
 the label, so a label's scenes are the same for every feature and block, and a feature's
@@ -109,15 +115,48 @@ def reads_label(reading, label: str, trial: Trial) -> bool:
     return found is not None and getattr(found, attribute) == value
 
 
+def preserved(before, after, label: str, trial: Trial, truth) -> tuple[float, int]:
+    """Share of the readings a label's edit should leave alone that read the same on the edited image (`after`, a
+    probe reading) as on the unedited one (`before`: what the model drew, not the caption), and how many were
+    compared. RIEBench's preservation (`riebench.metrics.attribute_preservation`) for a painted label: the
+    background (unless the label is one), every object attribute of each object outside the edited cells, the
+    target's attributes other than the label's, and no object appearing outside the edited cells. The edited cells:
+    the target's, and for position=P also P."""
+    attribute, _, value = label.partition("=")
+    kept = [a for a in truth.object_attributes if a != "position"]
+    edited_cells = {trial.target.position} if trial.target is not None else set()
+    if attribute == "position":
+        edited_cells.add(value)
+    checks: list[bool] = []
+    if attribute != "background":
+        checks.append(after.background == before.background)
+    for cell in truth.cells:
+        obj = before.at(cell)
+        if obj is None or cell in edited_cells:
+            continue
+        now = after.at(cell)
+        checks += [now is not None and getattr(now, a) == getattr(obj, a) for a in kept]
+    if trial.target is not None and attribute in kept:
+        obj, now = before.at(trial.target.position), after.at(trial.target.position)
+        if obj is not None:
+            checks += [now is not None and getattr(now, a) == getattr(obj, a) for a in kept if a != attribute]
+    appeared = {c for c in truth.cells if after.at(c) is not None and before.at(c) is None}
+    checks.append(not (appeared - edited_cells))
+    return float(np.mean(checks)), len(checks)
+
+
 def causal_label_scores(library, model, block: str, features: list[int], n_scenes: int = N_SCENES,
                         strength: float = STRENGTH, seed: int = SEED, probe=None,
-                        originals: dict | None = None) -> dict[int, dict]:
+                        originals: dict | None = None, steps: int | None = None,
+                        preservation: bool = False) -> dict[int, dict]:
     """{feature: {"causal_label", "causal_label_before", "causal_label_n"}} for labelled features of a block.
 
     library: a `saes.library.FeatureLibrary`; model: its T2IModel, made in the shapes world (a model without
     that ground truth is refused: its images cannot be read). probe: the reader of images (default: the world's).
     originals: a dict kept between calls to reuse the unedited generations of a label's scenes (they do not
-    depend on the feature or block)."""
+    depend on the feature or block). steps: denoising steps of every generation (default: the model's); the
+    feature is painted at every step. preservation: also "preservation", the mean over the scenes of `preserved`
+    (what the edit should not touch, read the same as unedited)."""
     from interp.ground_truth import require_ground_truth
     from interp.hooks import apply_edits
 
@@ -125,25 +164,32 @@ def causal_label_scores(library, model, block: str, features: list[int], n_scene
                                         "read back by its probe)")
     probe = truth.probe() if probe is None else probe
     originals = {} if originals is None else originals
+    n_steps = model.default_steps if steps is None else steps
     results = {}
     for feature in features:
         label = library.card(block, feature).get("label")
         if not label:
             raise CausalError(f"{block} feature {feature} has no label to test")
         trials = label_trials(label, n_scenes, seed, truth=truth)
-        key = (label, n_scenes, seed)
+        key = (label, n_scenes, seed, n_steps)
         if key not in originals:  # one batch: no edit, so every scene can be generated at once
-            images = model.generate([t.prompt for t in trials], seed=[t.seed for t in trials])
-            originals[key] = [reads_label(probe.read(image), label, t) for image, t in zip(images, trials)]
-        after = []
-        for trial in trials:
-            edit = library.paint_edit(model, block, feature, strength, mask=trial.region)
-            with apply_edits(model, [edit], saes={block: library.sae(block)}):
-                image = model.generate(trial.prompt, seed=trial.seed)[0]
-            after.append(reads_label(probe.read(image), label, trial))
+            images = model.generate([t.prompt for t in trials], steps=n_steps, seed=[t.seed for t in trials])
+            originals[key] = [probe.read(image) for image in images]
+        after, kept = [], []
+        for trial, before in zip(trials, originals[key]):
+            edit = library.paint_edit(model, block, feature, strength, mask=trial.region)  # every step
+            with apply_edits(model, [edit], saes={block: library.sae(block)}, n_steps=n_steps):
+                image = model.generate(trial.prompt, steps=n_steps, seed=trial.seed)[0]
+            reading = probe.read(image)
+            after.append(reads_label(reading, label, trial))
+            if preservation:
+                kept.append(preserved(before, reading, label, trial, truth)[0])
         results[feature] = {"causal_label": float(np.mean(after)),
-                            "causal_label_before": float(np.mean(originals[key])),
+                            "causal_label_before": float(np.mean([reads_label(r, label, t)
+                                                                  for r, t in zip(originals[key], trials)])),
                             "causal_label_n": len(trials)}
+        if preservation:
+            results[feature]["preservation"] = float(np.mean(kept))
     return results
 
 

@@ -81,3 +81,69 @@ def test_update_drift_is_zero_for_the_same_updates_and_about_two_for_unrelated_o
     assert update_drift(updates, updates.clone()) == 0.0
     assert update_drift(updates, torch.randn(4000, 8, generator=generator)) == pytest.approx(2.0, abs=0.1)
     assert update_drift(updates, 1.5 * updates) == pytest.approx(0.25, abs=0.01)
+
+
+def test_preservation_of_a_painted_label_counts_what_the_edit_should_leave_alone():
+    from saes.causal import Trial, preserved
+    from interp.zoo import shapes
+
+    target = shapes.ShapeObject("circle", "red", position="left")
+    other = shapes.ShapeObject("square", "blue", position="right")
+    before = shapes.ProbeReading("white", [target, other])
+    trial = Trial("", 0, shapes.Scene((target, other), "white"), target, None)
+    recoloured = shapes.ProbeReading("white", [shapes.ShapeObject("circle", "green", position="left"), other])
+    # background, the other object's four attributes, the target's shape, size and texture, nothing new: 9 checks
+    assert preserved(before, recoloured, "colour=green", trial, shapes.WORLD) == (1.0, 9)
+    spilled = shapes.ProbeReading("black", [recoloured.objects[0], shapes.ShapeObject("square", "green",
+                                                                                      position="right"),
+                                            shapes.ShapeObject("star", "green", position="top")])
+    share, n = preserved(before, spilled, "colour=green", trial, shapes.WORLD)
+    assert n == 9 and share == pytest.approx(6 / 9)  # the background, the other's colour, a new object
+
+
+def test_painted_labels_run_at_each_step_count_resume_and_fold_into_the_report(tmp_path, monkeypatch, capsys,
+                                                                               toy_t2i):
+    """`paint` at tiny size: `saes causal`'s measurement at 1 and 2 steps, resumable, read back by the report;
+    `causal_label_scores(steps=...)` generates the unedited and the edited images at those steps."""
+    import experiments.step_transfer as st
+    from saes.causal import causal_label_scores
+    from saes.library import FeatureLibrary
+
+    library = FeatureLibrary.for_model("toy")
+    block = "up_blocks.1.attentions.1"
+    if library is None or block not in library.blocks:
+        pytest.skip("needs the SAEs shipped for the toy model")
+    monkeypatch.setattr(st, "RUN_ROOT", st.RUN_ROOT)  # paint sets the module's run directory; restored after
+    chosen = st.paint_features(library, [block])
+    assert chosen and all(b == block and label.split("=")[0] in st.PAINT_ATTRIBUTES for b, _, label in chosen)
+    assert [f for _, f, _ in chosen] == [library.search(block, label)[0] for _, _, label in chosen]
+
+    argv = ["paint", "--block", block, "--scenes", "1", "--steps", "1", "2", "--strength", "3",
+            "--out", str(tmp_path)]
+    assert st.main(argv) == 0
+    assert capsys.readouterr().out.count("painting ") == 2
+    files = sorted(tmp_path.glob("paint/steps*/*.json"))
+    assert [f.relative_to(tmp_path).as_posix() for f in files] == [f"paint/steps1/{block}-s3.json",
+                                                                  f"paint/steps2/{block}-s3.json"]
+    stamps = [f.stat().st_mtime_ns for f in files]
+    assert st.main(argv) == 0  # resumed: nothing painted again
+    assert "painting " not in capsys.readouterr().out and [f.stat().st_mtime_ns for f in files] == stamps
+
+    results = st.paint_results()
+    assert results["config"] == {"scenes": 1, "seed": st.PAINT_SEED, "sae": "saes/pretrained/toy", "steps": [1, 2],
+                                 "strengths": [3.0]}
+    assert [(e["block"], e["feature"], e["label"]) for e in results["features"]] == chosen
+    for steps in ("1", "2"):
+        for entry in results["scores"][steps]["3"][block].values():
+            assert entry["causal_label_n"] == 1 and entry["causal_label_before"] == 0.0
+            assert 0.0 <= entry["causal_label"] <= 1.0 and 0.0 <= entry["preservation"] <= 1.0
+    summary = st.paint_summary_table({"paint": results})
+    assert f"| 3 | 2 steps | {len(chosen)} |" in summary
+    assert st.paint_table({"paint": results}).count(f"| {block} |") == len(chosen)
+
+    originals: dict = {}
+    feature = chosen[0][1]
+    unedited = causal_label_scores(library, toy_t2i, block, [feature], n_scenes=1, strength=0.0, steps=2,
+                                   originals=originals, preservation=True)[feature]
+    assert [key[-1] for key in originals] == [2]  # the unedited generations were made at 2 steps
+    assert unedited["causal_label"] == unedited["causal_label_before"] and unedited["preservation"] == 1.0
