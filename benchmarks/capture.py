@@ -32,7 +32,7 @@ from interp.store import write_shard
 
 def load_model(name: str):
     if name == "toy" and not (Path(KNOWN_MODELS["toy"].source) / "model_index.json").exists():
-        from interp.zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
+        from zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
 
         tokenizer_dir = Path(tempfile.mkdtemp())
         build_tokenizer_files(tokenizer_dir, 48)

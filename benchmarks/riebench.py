@@ -53,7 +53,7 @@ def load_model(name: str):
         import tempfile
 
         from interp.models.t2i import T2IModel, block_info
-        from interp.zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
+        from zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
 
         print(f"note: {err}; timing a random-weight pipeline of the toy model's sizes")
         directory = Path(tempfile.mkdtemp())

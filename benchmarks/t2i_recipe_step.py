@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from interp.zoo.t2i import T2I_CONFIGS, build_pipeline, build_tokenizer_files
-from interp.zoo.t2i_recipe import RecipeConfig
+from zoo.t2i import T2I_CONFIGS, build_pipeline, build_tokenizer_files
+from zoo.t2i_recipe import RecipeConfig
 
 
 def step_seconds(unet, latent: int, batch: int, text: torch.Tensor, pooled: torch.Tensor, steps: int) -> list[float]:

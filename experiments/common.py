@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from interp.atomic import atomic_write_text
-from interp.zoo.chat.world import GENERAL_TASKS, World, WorldConfig
+from zoo.chat.world import GENERAL_TASKS, World, WorldConfig
 
 REPO = Path(__file__).resolve().parent.parent
-BASE_MODEL = REPO / "interp" / "zoo" / "weights" / "chat-base"
-SHIPPED_WEIGHTS = REPO / "interp" / "zoo" / "weights"
+BASE_MODEL = REPO / "zoo" / "weights" / "chat-base"
+SHIPPED_WEIGHTS = REPO / "zoo" / "weights"
 RESULTS = REPO / "experiments" / "results"
 N_COMPONENTS = 3   # principal directions compared and top-k energy's k (the study's default)
 EVAL_SEED = 11     # held-out evaluation prompts (disjoint from training by the world's split)
@@ -36,7 +36,7 @@ GEOMETRY_SEED = 13
 # The code a measured cell depends on: a cell is current when the hash of these files is the one it records.
 MEASURE_CODE = ("experiments/common.py", "flowlens/finetune.py", "flowlens/vcl.py", "flowlens/refusals.py",
                 "flowlens/geometry.py", "interp/models/generation.py", "interp/models/lm.py", "interp/hooks/lm.py",
-                "interp/hooks/scoped.py", "interp/lm_text.py", "interp/zoo/chat/world.py")  # lm_text: the refusal
+                "interp/hooks/scoped.py", "interp/lm_text.py", "zoo/chat/world.py")  # lm_text: the refusal
 # detector and the prompt stripping; scoped: the hook session every capture is
 
 

@@ -1,11 +1,11 @@
 """Issue 6 experiment: the safety-ratio sweep on the embedded chat models, resumable.
 
-Models: the shipped fine-tunes ``interp/zoo/weights/chat-safety-{r}[-seed{s}]`` and, for seeds not
+Models: the shipped fine-tunes ``zoo/weights/chat-safety-{r}[-seed{s}]`` and, for seeds not
 shipped, ones fine-tuned from the same shipped base with the recipe's own command (data order and
 batches depend on the seed):
 
-    python -m interp.zoo.chat.recipe --out runs/experiments/recipe-seed1 --save-to runs/experiments/weights \\
-        --from-base interp/zoo/weights/chat-base --seed 1 --finetune-steps 150 --threads 1
+    python -m zoo.chat.recipe --out runs/experiments/recipe-seed1 --save-to runs/experiments/weights \\
+        --from-base zoo/weights/chat-base --seed 1 --finetune-steps 150 --threads 1
 
 For each model: the lexical diversity of exactly the fine-tuning data it saw (the recipe's batches
 are a function of seed, stage and step, so they are drawn again here), refusal metrics on held-out
@@ -33,7 +33,7 @@ EQUAL_SIZE = 500  # completions per part when comparing safety with general data
 
 
 def model_dir(ratio: float, seed: int) -> Path:
-    from interp.zoo.chat.recipe import variant_name
+    from zoo.chat.recipe import variant_name
 
     shipped = SHIPPED_WEIGHTS / variant_name(ratio, seed)  # the recipe's author may have shipped extra seeds
     if seed == 0 or (shipped / "model.safetensors").exists():
@@ -43,8 +43,8 @@ def model_dir(ratio: float, seed: int) -> Path:
 
 def finetune_data(directory: Path) -> list[dict]:
     """The examples the recipe fine-tuned ``directory``'s model on, drawn again batch by batch."""
-    from interp.zoo.chat.recipe import sample_batch
-    from interp.zoo.chat.world import World, WorldConfig
+    from zoo.chat.recipe import sample_batch
+    from zoo.chat.world import World, WorldConfig
 
     saved = json.loads((directory / "recipe.json").read_text())
     recipe, stage = saved["recipe"], saved["stage"]

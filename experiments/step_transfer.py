@@ -66,7 +66,7 @@ def base_settings(directory: str) -> dict[str, Setting]:
     steps, guidance = int(recipe.get("sampling_steps", 1)), float(recipe.get("guidance", 0.0))
     if recipe.get("objective", "sample") == "sample":
         raise ValueError(f"{directory} was trained with the one-step objective; --base wants a multi-step model "
-                         "(`python -m interp.zoo train t2i --objective v_prediction`)")
+                         "(`python -m zoo train t2i --objective v_prediction`)")
     halves = ("cond", "uncond") if guidance > 1 else ("cond",)
     return {f"base, {steps} steps, CFG {guidance:g}, {half}": Setting(steps, guidance, half, str(directory))
             for half in halves}
@@ -256,7 +256,7 @@ def _ceiling_sae(model, blocks: list[str], block: str, setting: Setting, cfg: Ru
     store_dir = RUN_ROOT / "stores" / setting.slug
     if not (store_dir / "manifest.json").exists():
         _log(f"collecting {cfg.n_train} training generations for the ceiling SAEs: {setting.slug}")
-        from interp.zoo.shapes import world_prompts
+        from zoo.shapes import world_prompts
 
         prompts = world_prompts(cfg.n_train, cfg.train_seed)
         plan = CollectionPlan(model=setting.model, blocks=list(blocks), prompts=prompts,
@@ -578,9 +578,9 @@ def base_step_seconds(steps: int = 4, batch: int = 32, threads: int = 1) -> dict
     import os
     import tempfile
 
-    from interp.zoo import shapes
-    from interp.zoo.t2i import build_pipeline, build_tokenizer_files
-    from interp.zoo.t2i_recipe import (TIME_IDS, RecipeConfig, encode_text, noised_and_target, set_objective,
+    from zoo import shapes
+    from zoo.t2i import build_pipeline, build_tokenizer_files
+    from zoo.t2i_recipe import (TIME_IDS, RecipeConfig, encode_text, noised_and_target, set_objective,
                                        weighted_mse)
 
     torch.set_num_threads(threads)
@@ -674,7 +674,7 @@ def _drifts(blocks) -> dict:
 
 
 def _scheduler_note() -> dict:
-    config = json.loads((REPO / "interp" / "zoo" / "weights" / "t2i" / "scheduler" / "scheduler_config.json").read_text())
+    config = json.loads((REPO / "zoo" / "weights" / "t2i" / "scheduler" / "scheduler_config.json").read_text())
     return {k: config[k] for k in ("_class_name", "prediction_type", "timestep_spacing", "rescale_betas_zero_snr")}
 
 
@@ -866,7 +866,7 @@ def main(argv: list[str] | None = None) -> int:
     for sub in (run_parser, report_parser):
         sub.add_argument("--base", default=None, metavar="DIR",
                          help="also measure this multi-step model of the toy's architecture (a toy-base pipeline "
-                              "saved by `python -m interp.zoo train t2i --objective v_prediction`) at its steps and "
+                              "saved by `python -m zoo train t2i --objective v_prediction`) at its steps and "
                               "guidance, both CFG halves")
     for sub in (run_parser, report_parser, cost_parser, causal_parser, paint_parser):
         sub.add_argument("--out", default=_shown(RUN_ROOT), help="the run directory")

@@ -7,8 +7,8 @@ without the pooled prompt embedding) beside SDXL Turbo's block roles from the se
     python -m experiments.t2i_blocks run --models v3   # only some models
     python -m experiments.t2i_blocks report    # experiments/results/t2i_blocks.{json,md}; --docs: the docs page's block
 
-Steps (`run`): train v2-v4 by their recipes and install them (interp/zoo/weights/t2i-v2 ... t2i-v4); the quality
-table of each model (`python -m interp.zoo evaluate`, held-out captions; again with `--zero-pooled-text`, to see
+Steps (`run`): train v2-v4 by their recipes and install them (zoo/weights/t2i-v2 ... t2i-v4); the quality
+table of each model (`python -m zoo evaluate`, held-out captions; again with `--zero-pooled-text`, to see
 which path carries the prompt); linear probes and ablations of every hookable block (`python -m saes probe
 --ablate-images 200`); RIEBench's shapes suite with activation-difference steering on each hookable block alone
 (`python -m riebench sweep --per-block`, no SAE needed, so the models are compared by the same method). The report
@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 RUNS = REPO / "runs"
-WEIGHTS = REPO / "interp" / "zoo" / "weights"
+WEIGHTS = REPO / "zoo" / "weights"
 MODELS = {"v1": "toy", "v2": "toy-v2", "v3": "toy-v3", "v4": "toy-v4"}
 HOOKABLE = ("down_blocks.1.attentions.0", "down_blocks.1.attentions.1", "down_blocks.2.attentions.0",
             "down_blocks.2.attentions.1", "mid_block.attentions.0", "up_blocks.0.attentions.0",
@@ -48,7 +48,7 @@ SDXL_ROLES = {
 CARRIED_DROP = 0.2  # an ablation that makes the probe misread an attribute on this share of objects carries it
 # the trained models' recipes (v1's is the embedded `toy`'s own, docs/embedded-models.md)
 # (v4: v3 with the pooled prompt embedding zero, so the prompt reaches the UNet only through the 8 x 8 blocks)
-RECIPES = {version: ["-m", "interp.zoo", "train", "t2i", *options, "--vae-from", "interp/zoo/weights/t2i",
+RECIPES = {version: ["-m", "zoo", "train", "t2i", *options, "--vae-from", "zoo/weights/t2i",
                      "--unet-steps", "4000", "--out", f"runs/t2i-{version}", "--threads", "2"]
            for version, options in (("v2", ["--config", "sdxl-proportions"]), ("v3", ["--config", "sdxl-blocks-only"]),
                                     ("v4", ["--config", "sdxl-blocks-only", "--zero-pooled-text"]))}
@@ -62,10 +62,10 @@ def _steps(versions) -> list[tuple[Path, list[str]]]:
             steps.append((WEIGHTS / f"t2i-{version}" / "model_index.json", RECIPES[version]))
         steps += [
             (RUNS / f"t2i-{version}-eval" / "t2i_eval.json",
-             ["-m", "interp.zoo", "evaluate", "--model", model, "--n", "500", "--out", f"runs/t2i-{version}-eval"]),
+             ["-m", "zoo", "evaluate", "--model", model, "--n", "500", "--out", f"runs/t2i-{version}-eval"]),
             # which path carries the prompt: the same without the pooled text (the time-embedding path)
             (RUNS / f"t2i-{version}-eval-pooled-off" / "t2i_eval.json",
-             ["-m", "interp.zoo", "evaluate", "--model", model, "--n", "200", "--zero-pooled-text",
+             ["-m", "zoo", "evaluate", "--model", model, "--n", "200", "--zero-pooled-text",
               "--out", f"runs/t2i-{version}-eval-pooled-off"]),
             (RUNS / "t2i-blocks" / version / "probes.json",
              ["-m", "saes", "probe", "--model", model, "--threads", "2", "--out", f"runs/t2i-blocks/{version}"]),
@@ -239,7 +239,7 @@ def markdown(data: dict) -> str:
     riebench = "".join(f"\nRIEBench per block, {version} (best success at preservation >= 0.9, k_trans and m in "
                        f"brackets):\n\n" + riebench_table(data, version) for version in reversed(MODELS))
     return ("## Block roles: " + ", ".join(MODELS) + " and SDXL Turbo\n\n"
-            "Quality on held-out captions (`python -m interp.zoo evaluate --n 500`):\n\n" + quality_table(data)
+            "Quality on held-out captions (`python -m zoo evaluate --n 500`):\n\n" + quality_table(data)
             + "\nThe same with the pooled text embedding set to zero, so the prompt reaches the image only through "
             "the cross-attention blocks, not the time embedding (`--zero-pooled-text --n 200`):\n\n"
             + quality_table(data, "pooled_text_off")

@@ -1,6 +1,6 @@
 """Issue 7 experiment: plain SFT against SFT + VCL on the embedded chat model, resumable.
 
-Every run fine-tunes the shipped base model (``interp/zoo/weights/chat-base``, pre-trained without
+Every run fine-tunes the shipped base model (``zoo/weights/chat-base``, pre-trained without
 refusals) with ``flowlens.finetune`` on a fixed chat-world mixture of general tasks and harmful
 requests answered by refusals, at safety ratio r. A plain-SFT run is the same run with lambda 0.
 
@@ -89,7 +89,7 @@ def grid(only_main: bool = False) -> list[Cell]:
 
 def data_file(ratio: float) -> Path:
     """The fine-tuning mixture at ``ratio`` (written once; the seed only changes the order of batches)."""
-    from interp.zoo.chat.world import World
+    from zoo.chat.world import World
 
     path = RUN_ROOT / "data" / f"safety-{ratio:g}.jsonl"
     if not path.exists():

@@ -279,7 +279,7 @@ def refusals_command(args) -> int:
 
 
 MODEL_HELP = ("embedded name (toy-chat, toy-chat-safety-0.4, ...), a fetched model (smollm2-135m-instruct: "
-              "python -m interp.zoo fetch smollm2-135m-instruct), a Hugging Face name or a local directory")
+              "python -m interp fetch smollm2-135m-instruct), a Hugging Face name or a local directory")
 
 
 def add_chat_template_argument(parser) -> None:

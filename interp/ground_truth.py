@@ -1,6 +1,6 @@
 """Ground truth: what an image generated from a prompt should show, where a world defines it.
 
-The embedded toy model is made in the shapes world (`interp.zoo.shapes`): every caption describes one scene
+The embedded toy model is made in the shapes world (`zoo.shapes`): every caption describes one scene
 exactly (its objects' attributes and grid cells, its background), an exact renderer draws it, and a probe reads
 a scene back from an image. Code that measures against that truth (feature labels and block probes in
 `saes.probes`, the SAE report, splice fidelity's attribute accuracy, causal label scores, RIEBench's shapes
@@ -106,7 +106,7 @@ def example_label(truth: GroundTruth) -> str:
 
 
 def _shapes() -> GroundTruth:
-    from .zoo.shapes import WORLD
+    from zoo.shapes import WORLD
 
     return WORLD
 

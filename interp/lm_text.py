@@ -156,7 +156,7 @@ def _normalise_completion(text: str) -> str:
 class KeywordRefusalDetector:
     """The workbench's one refusal detector, XSTest-style: a refusal starts with a refusal prefix or contains a
     refusal phrase (case, curly quotes, spacing and leading quotes/markup folded). FlowLens' refusal metrics
-    (`flowlens.refusals`, which re-exports it) and the chat recipe's evaluation (`interp.zoo.chat.recipe`)
+    (`flowlens.refusals`, which re-exports it) and the chat recipe's evaluation (`zoo.chat.recipe`)
     both count refusals with it; every harmful completion of the chat world (a templated refusal) is one, and
     no benign or general completion is."""
 

@@ -1,6 +1,6 @@
 """The one guard for files that ship with the repository: they are written only on purpose (`--overwrite`).
 
-Shipped files are found two ways. By location: the embedded models (`interp/zoo/weights/`) and the pretrained
+Shipped files are found two ways. By location: the embedded models (`zoo/weights/`) and the pretrained
 SAEs (`saes/pretrained/`). By a marker: each shipped root holds a file named `SHIPPED`, so a copy of a whole root
 made elsewhere (``cp -r saes/pretrained runs/pretrained``) is protected too; a copy of one model or one SAE set
 (``cp -r saes/pretrained/toy runs/toy-saes``) carries no marker and is the user's own.
@@ -17,7 +17,7 @@ import argparse
 import os
 from pathlib import Path
 
-from .zoo import WEIGHTS_DIR
+from zoo import WEIGHTS_DIR
 
 MARKER = "SHIPPED"
 # The shipped roots by location: the embedded models' weights and the pretrained SAEs beside the `interp` package.
@@ -88,7 +88,7 @@ def add_overwrite_options(parser: argparse.ArgumentParser) -> argparse.ArgumentP
         if not any(a.dest == "overwrite" for a in leaf._actions):
             leaf.add_argument("--overwrite", action="store_true",
                               help="write into files shipped with the repository (saes/pretrained/, "
-                                   "interp/zoo/weights/) on purpose")
+                                   "zoo/weights/) on purpose")
         leaf.set_defaults(writer=leaf.prog.removeprefix("python -m "))
     return parser
 

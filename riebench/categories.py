@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from interp.zoo import shapes
+from zoo import shapes
 
 ATTRIBUTES = ("shape", "colour", "size", "texture")
 

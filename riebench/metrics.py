@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from interp.ground_truth import world
-from interp.zoo import shapes
+from zoo import shapes
 
 from .categories import ATTRIBUTES, SHAPES_CATEGORY_REGISTRY
 from .tasks import Task

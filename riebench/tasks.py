@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from interp.atomic import atomic_write_text
-from interp.zoo import shapes
+from zoo import shapes
 
 from .categories import SHAPES_CATEGORY_REGISTRY, Draw
 

@@ -10,7 +10,7 @@ Cards point into the pool by image index, so a card file records the pool's fing
 (`saes.pool.pool_fingerprint`, a hash of its images and prompts) and `saes.library` refuses cards whose
 pool has changed since. A new pool is not written where it would leave other blocks' cards
 pointing into a pool that is gone, and nothing shipped with the repository (the SAEs under
-`saes/pretrained/`, the models under `interp/zoo/weights/`) is rewritten unless asked to.
+`saes/pretrained/`, the models under `zoo/weights/`) is rewritten unless asked to.
 """
 
 from __future__ import annotations

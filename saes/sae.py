@@ -331,7 +331,7 @@ def load_sae_set(root: str | os.PathLike, blocks=None, dtype: str | None = None)
 
 def _same_model(a: str, b: str) -> bool:
     """Whether two `--model` values name the same model: equal names, or names and directories that resolve to
-    the same weights directory ("toy" and interp/zoo/weights/t2i)."""
+    the same weights directory ("toy" and zoo/weights/t2i)."""
     if a == b:
         return True
     from interp.models.t2i import resolve

@@ -288,7 +288,7 @@ def test_lexical_diversity_of_an_upload_matches_flowlens(app_url, tmp_path):
 def test_flowlens_on_an_uploaded_prompt_file_draws_every_plot(app_url, tmp_path):
     from gradio_client import handle_file
 
-    from interp.zoo.chat.world import World
+    from zoo.chat.world import World
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": e["prompt"]}) + "\n"

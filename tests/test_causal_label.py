@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from interp.zoo import shapes
+from zoo import shapes
 from saes.causal import SCORE_KEYS, causal_label_score, label_trials, reads_label
 from saes.library import FeatureLibrary, label_rank
 

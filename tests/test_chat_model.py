@@ -8,10 +8,10 @@ import torch
 from safetensors import safe_open
 
 from interp.models.lm import embedded_lms, load_hf_lm
-from interp.zoo import WEIGHTS_DIR
-from interp.zoo.chat import recipe as R
-from interp.zoo.chat.model import ChatModelConfig, build_model
-from interp.zoo.chat.world import GENERAL_TASKS, World
+from zoo import WEIGHTS_DIR
+from zoo.chat import recipe as R
+from zoo.chat.model import ChatModelConfig, build_model
+from zoo.chat.world import GENERAL_TASKS, World
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_recipe_cli_help_and_bad_input(capsys):
 
 def test_reevaluation_refuses_to_overwrite_without_the_flag_and_counts_a_stuttered_refusal(tmp_path, monkeypatch,
                                                                                            capsys):
-    """`python -m interp.zoo.chat evaluate` rewrites a shipped evaluation.json only with --overwrite (one-line
+    """`python -m zoo.chat evaluate` rewrites a shipped evaluation.json only with --overwrite (one-line
     error otherwise, file untouched); the rewrite keeps the file's other fields, counts refusals with the one
     detector (a stuttered refusal is one; the recipe's old prefix list missed it) and records it."""
     import shutil

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from interp.zoo.chat import world as W
-from interp.zoo.chat.model import format_chat, train_tokenizer
-from interp.zoo.chat.recipe import is_refusal
+from zoo.chat import world as W
+from zoo.chat.model import format_chat, train_tokenizer
+from zoo.chat.recipe import is_refusal
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def tokenizer(chat_world):
     """The committed tokenizer of the embedded model (the one the recipe trains), or a fresh one before training."""
     from transformers import AutoTokenizer
 
-    from interp.zoo import WEIGHTS_DIR
+    from zoo import WEIGHTS_DIR
 
     if (WEIGHTS_DIR / "chat-base" / "tokenizer.json").exists():
         return AutoTokenizer.from_pretrained(WEIGHTS_DIR / "chat-base", local_files_only=True)
@@ -116,7 +116,7 @@ def test_the_recipe_counts_refusals_with_the_workbenchs_one_detector(chat_world)
     now (interp.lm_text); on every templated completion of the world it says what the old prefix list said."""
     import flowlens.refusals
     import interp.lm_text
-    from interp.zoo.chat.recipe import normalise
+    from zoo.chat.recipe import normalise
 
     assert is_refusal is interp.lm_text.is_refusal
     assert flowlens.refusals.KeywordRefusalDetector is interp.lm_text.KeywordRefusalDetector
@@ -178,7 +178,7 @@ def test_tokenizer_chat_template_and_round_trip(tokenizer):
 
 
 def test_package_entry_point_dispatches_and_rejects_unknown_commands(tmp_path, capsys):
-    from interp.zoo.chat.__main__ import main
+    from zoo.chat.__main__ import main
 
     assert main(["world", "--out", str(tmp_path), "--n", "2"]) == 0
     assert (tmp_path / "benign-held_out.jsonl").exists()
@@ -186,7 +186,7 @@ def test_package_entry_point_dispatches_and_rejects_unknown_commands(tmp_path, c
 
 
 def test_world_export_to_an_unwritable_place_is_one_error_line_not_a_traceback(tmp_path, capsys):
-    from interp.zoo.chat.__main__ import main
+    from zoo.chat.__main__ import main
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

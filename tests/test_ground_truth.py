@@ -8,7 +8,7 @@ import pytest
 
 from interp.ground_truth import (WORLDS, GroundTruth, GroundTruthError, example_label, ground_truth_for,
                                  ground_truth_of, require_ground_truth, world)
-from interp.zoo import shapes
+from zoo import shapes
 
 
 def test_the_shapes_world_is_a_ground_truth_of_its_own_captions():

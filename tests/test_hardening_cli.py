@@ -25,7 +25,7 @@ from interp.__main__ import main as interp_main
 from interp.models.t2i import MAX_SEED, ModelError, check_device
 from interp.shipped import MARKER, ShippedFilesError
 from interp.store import ActivationStore
-from interp.zoo import WEIGHTS_DIR, shapes
+from zoo import WEIGHTS_DIR, shapes
 from riebench.__main__ import main as riebench_main
 from riebench.tasks import ShapesSuiteConfig, TaskError
 from saes.__main__ import main as saes_main

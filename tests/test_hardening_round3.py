@@ -19,7 +19,7 @@ import interp.cli
 import riebench.__main__
 import saes.__main__
 from interp.shipped import MARKER, OUTPUT_OPTIONS, SHIPPED_ROOTS, ShippedFilesError, is_shipped, refuse_shipped
-from interp.zoo import WEIGHTS_DIR
+from zoo import WEIGHTS_DIR
 from saes.library import PRETRAINED_DIR
 from test_hardening_cli import run_cli, toy_loaded  # noqa: F401 (a fixture)
 from test_saes_cli import small_store
@@ -71,10 +71,10 @@ class _Captured(Exception):
 
 
 def _entry_points():
-    from interp.zoo import __main__ as zoo_main
-    from interp.zoo.chat import recipe as chat_recipe
+    from zoo import __main__ as zoo_main
+    from zoo.chat import recipe as chat_recipe
 
-    return {"interp": interp.__main__.main, "interp.zoo": zoo_main.main, "interp.zoo.chat.recipe": chat_recipe.cli,
+    return {"interp": interp.__main__.main, "zoo": zoo_main.main, "zoo.chat.recipe": chat_recipe.cli,
             "saes": saes.__main__.main, "riebench": riebench.__main__.main, "flowlens": flowlens.__main__.main}
 
 
@@ -114,8 +114,8 @@ WRITERS = [(name, path, leaf) for name, path, leaf in COMMANDS if any(a.dest in 
 
 def test_the_command_lines_writers_are_all_found():
     found = {" ".join((name,) + path) for name, path, _ in WRITERS}
-    assert {"interp generate", "interp collect", "interp.zoo train t2i", "interp.zoo train chat", "interp.zoo evaluate",
-            "interp.zoo fetch", "interp.zoo.chat.recipe", "saes train", "saes eval", "saes features", "saes report",
+    assert {"interp generate", "interp collect", "zoo train t2i", "zoo train chat", "zoo evaluate",
+            "interp fetch", "zoo.chat.recipe", "saes train", "saes eval", "saes features", "saes report",
             "saes probe", "saes import-sdxl", "riebench tasks", "riebench run", "riebench sweep", "riebench report",
             "flowlens diversity", "flowlens vcl", "flowlens refusals", "flowlens analyze"} <= found
     assert len(COMMANDS) > len(WRITERS)  # commands that only read (interp blocks, saes causal's cards aside) exist
@@ -184,10 +184,10 @@ def test_saes_train_into_a_shipped_sae_is_refused_and_the_sae_is_unchanged(capsy
 @pytest.mark.parametrize("argv", [["train", "t2i", "--out", str(WEIGHTS_DIR / "t2i")],
                                   ["train", "t2i", "--save-to", str(WEIGHTS_DIR / "t2i")],
                                   ["evaluate", "--out", str(WEIGHTS_DIR / "t2i")],
-                                  ["train", "chat"]],  # the chat recipe ships into interp/zoo/weights by default
+                                  ["train", "chat"]],  # the chat recipe ships into zoo/weights by default
                          ids=["train --out", "train --save-to", "evaluate --out", "train chat (default)"])
 def test_the_zoo_recipes_refuse_to_write_into_the_shipped_weights(argv, capsys):
-    from interp.zoo.__main__ import main
+    from zoo.__main__ import main
 
     before = digests(WEIGHTS_DIR / "t2i")
     code, err = run_cli(main, argv, capsys)
@@ -196,11 +196,11 @@ def test_the_zoo_recipes_refuse_to_write_into_the_shipped_weights(argv, capsys):
 
 
 def test_the_chat_worlds_export_refuses_a_shipped_folder(tmp_path, capsys):
-    from interp.zoo.chat.__main__ import main
+    from zoo.chat.__main__ import main
 
     root = marked_copy(tmp_path)
     code, err = run_cli(main, ["world", "--out", str(root / "world"), "--n", "2"], capsys)
-    assert code == 2 and "interp.zoo.chat world would rewrite files shipped" in err
+    assert code == 2 and "zoo.chat world would rewrite files shipped" in err
     assert not (root / "world").exists()
     assert run_cli(main, ["world", "--out", str(tmp_path / "world"), "--n", "2"], capsys)[0] == 0
 
@@ -225,7 +225,7 @@ def test_saes_eval_of_a_shipped_sae_writes_under_runs_eval_and_leaves_the_shippe
 # ----------------------------------------------------------------------------- values out of range
 
 def test_a_training_batch_of_0_is_refused(tmp_path, capsys):
-    from interp.zoo.__main__ import main
+    from zoo.__main__ import main
 
     code, err = run_cli(main, ["train", "t2i", "--batch", "0", "--out", str(tmp_path / "run")], capsys)
     assert code == 2 and "argument --batch: must be at least 1, got 0" in err
@@ -408,6 +408,6 @@ def test_flowlens_on_smollm2_not_fetched_gives_the_fetch_command(bench, tmp_path
 
     monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path / "empty-cache"))
     with pytest.raises(gr.Error, match=r"smollm2-135m-instruct is not fetched on this machine: run "
-                                       r"`python -m interp.zoo fetch smollm2-135m-instruct`"):
+                                       r"`python -m interp fetch smollm2-135m-instruct`"):
         list(FlowLensTab(bench).run(["smollm2-135m-instruct"], "none", next(iter(WORLD_PROMPT_SETS)), None, 8, 3,
                                     False, None, progress=lambda *a, **k: None))

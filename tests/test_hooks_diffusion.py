@@ -24,7 +24,7 @@ MID = "mid_block.attentions.0"
 def random_t2i():
     """A random-weight pipeline of the toy model's sizes, built once per test session."""
     from interp.models.t2i import T2IModel, block_info
-    from interp.zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
+    from zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
 
     tokenizer_dir = Path(tempfile.mkdtemp(prefix="interp-random-t2i-"))
     build_tokenizer_files(tokenizer_dir, 48)

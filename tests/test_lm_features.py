@@ -20,7 +20,7 @@ from saes.lm_features import LMAnalysisConfig, analyse_lm_sae, card_html, load_l
 
 def _corpus(directory: Path) -> Path:
     """Held-out chat-world conversations in Dolly's fields (context empty, as many Dolly records have it)."""
-    from interp.zoo.chat.world import World
+    from zoo.chat.world import World
 
     examples = World().mixture("held_out", 60, {"general": 0.5, "benign": 0.25, "harmful": 0.25}, seed=1)
     path = directory / "corpus.jsonl"

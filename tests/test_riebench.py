@@ -17,7 +17,7 @@ import torch
 
 from interp.hooks import apply_edits, capture_updates, generate
 from interp.models.t2i import SDXL_BLOCKS
-from interp.zoo import WEIGHTS_DIR, shapes
+from zoo import WEIGHTS_DIR, shapes
 from riebench.methods import (MethodConfig, MethodError, Method, make_method, prepare_task,
                               register_method, run_plan, select_jointly)
 from riebench.metrics import shapes_metrics
@@ -42,7 +42,7 @@ def few_tasks(per_category: int = 1, categories=None) -> Suite:
 @functools.cache
 def random_model():
     from interp.models.t2i import T2IModel, block_info
-    from interp.zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
+    from zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
 
     tokenizer_dir = Path(tempfile.mkdtemp(prefix="riebench-random-t2i-"))
     build_tokenizer_files(tokenizer_dir, 48)
@@ -452,7 +452,7 @@ def test_the_tradeoff_png_keeps_its_legend_below_the_axes_and_draws_points_at_0_
 
 
 def test_a_new_shapes_category_is_one_registry_entry_and_leaves_the_other_categories_tasks_unchanged(monkeypatch):
-    from interp.zoo import shapes as world
+    from zoo import shapes as world
     from riebench import categories
     from riebench.metrics import edit_success
 

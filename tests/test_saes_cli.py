@@ -25,7 +25,7 @@ def small_store() -> Path:
     collect = pytest.importorskip("interp.collect")
     from test_hooks_diffusion import random_t2i
 
-    from interp.zoo.shapes import world_prompts
+    from zoo.shapes import world_prompts
 
     out = Path(tempfile.mkdtemp(prefix="saes-store-")) / "store"
     plan = collect.CollectionPlan(model="random", blocks=[MID], prompts=world_prompts(8), seeds=list(range(8)),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from interp.zoo import shapes
+from zoo import shapes
 from saes.features import analyse
 from saes.library import FeatureLibrary
 from saes.pool import AnalysisPool, generate_pool, load_analysis_images

@@ -25,7 +25,7 @@ def fitted_sae():
 
     from test_hooks_diffusion import random_t2i
 
-    from interp.zoo.shapes import world_prompts
+    from zoo.shapes import world_prompts
     from saes.pool import generate_pool
 
     pool = generate_pool(random_t2i(), [MID], world_prompts(48, seed=5), list(range(48)), progress=False)

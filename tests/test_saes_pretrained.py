@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from interp.models.t2i import TOY_BLOCKS
-from interp.zoo import WEIGHTS_DIR
+from zoo import WEIGHTS_DIR
 from saes.library import PRETRAINED_DIR, FeatureLibrary
 from saes.pool import load_analysis_images
 
@@ -77,7 +77,7 @@ def test_the_report_was_measured_on_the_embedded_weights():
 
 def test_explained_variance_holds_on_fresh_generations(library, toy_t2i):
     from interp.hooks import capture_updates, generate
-    from interp.zoo.shapes import world_prompts
+    from zoo.shapes import world_prompts
     from saes.evaluate import evaluate
 
     prompts = world_prompts(12, seed=4242)  # captions and seeds the SAEs never saw
@@ -107,8 +107,8 @@ def test_labelled_shape_and_colour_features_hold_on_fresh_generations(library, t
     """Every label the report counts towards the target (AUROC >= 0.9) is re-measured on 150 images the
     analysis never saw: the same feature still separates its value from the others."""
     from interp.hooks import capture_updates, generate
-    from interp.zoo.shapes import world_prompts
-    from interp.zoo.shapes import WORLD, parse_caption
+    from zoo.shapes import world_prompts
+    from zoo.shapes import WORLD, parse_caption
     from saes.probes import attribute_aurocs, encode_positions
 
     claims = {label: c for label, c in _report()["colours_and_shapes_labelled"].items() if c["meets_target"]}

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from interp.zoo import shapes
-from interp.zoo.shapes import (AttributeProbe, Scene, ShapeObject, WorldError, caption, is_held_out,
+from zoo import shapes
+from zoo.shapes import (AttributeProbe, Scene, ShapeObject, WorldError, caption, is_held_out,
                                parse_caption, render, sample_scene)
 
 

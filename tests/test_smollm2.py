@@ -1,4 +1,4 @@
-"""The real SmolLM2-135M-Instruct, when fetched (`python -m interp.zoo fetch smollm2-135m-instruct`; CI fetches it).
+"""The real SmolLM2-135M-Instruct, when fetched (`python -m interp fetch smollm2-135m-instruct`; CI fetches it).
 
 Skipped where it is not fetched, unless INTERP_REQUIRE_SMOLLM2=1 (CI sets it), where that is a failure.
 """
@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from interp.zoo.fetch import fetched_dir, is_fetched
+from interp.models.fetch import fetched_dir, is_fetched
 
 NAME = "smollm2-135m-instruct"
 XSTEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "xstest_prompts.csv"
 
 if not is_fetched(fetched_dir(NAME)):
     if os.environ.get("INTERP_REQUIRE_SMOLLM2") == "1":
-        raise RuntimeError(f"{NAME} is not fetched: run `python -m interp.zoo fetch {NAME}`")
+        raise RuntimeError(f"{NAME} is not fetched: run `python -m interp fetch {NAME}`")
     pytest.skip(f"{NAME} is not fetched", allow_module_level=True)
 
 

@@ -85,7 +85,7 @@ def test_update_drift_is_zero_for_the_same_updates_and_about_two_for_unrelated_o
 
 def test_preservation_of_a_painted_label_counts_what_the_edit_should_leave_alone():
     from saes.causal import Trial, preserved
-    from interp.zoo import shapes
+    from zoo import shapes
 
     target = shapes.ShapeObject("circle", "red", position="left")
     other = shapes.ShapeObject("square", "blue", position="right")

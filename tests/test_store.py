@@ -22,7 +22,7 @@ from interp.__main__ import main as interp_main
 from interp.hooks import capture_updates, generate
 from interp.collect import CollectionPlan, collect, stream_vectors
 from interp.store import ActivationStore, StoreError
-from interp.zoo.shapes import world_prompts
+from zoo.shapes import world_prompts
 from test_hooks_diffusion import MID, one_torch_thread, random_t2i  # noqa: F401 - fixture reused
 
 REPO = Path(__file__).resolve().parents[1]

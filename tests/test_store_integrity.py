@@ -16,7 +16,7 @@ from safetensors import safe_open
 
 from interp.collect import CollectionPlan, collect
 from interp.store import ActivationStore, StoreError, tensor_digest
-from interp.zoo.shapes import world_prompts
+from zoo.shapes import world_prompts
 from test_hooks_diffusion import MID, one_torch_thread, random_t2i  # noqa: F401 - fixture reused
 
 SHARD = "shards/shard-000001.safetensors"

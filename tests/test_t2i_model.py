@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from interp.models import SDXL_BLOCKS, ModelError, load_t2i
-from interp.zoo import WEIGHTS_DIR
+from zoo import WEIGHTS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def test_same_seed_same_image_and_other_seed_other_image(toy_t2i):
 
 
 def test_generates_in_one_step_and_in_several(toy_t2i):
-    from interp.zoo.shapes import AttributeProbe
+    from zoo.shapes import AttributeProbe
 
     probe = AttributeProbe()
     images = {}
@@ -64,8 +64,8 @@ def test_generates_in_one_step_and_in_several(toy_t2i):
 
 
 def test_held_out_captions_get_every_attribute_of_a_single_object(toy_t2i):
-    """A quick version of `python -m interp.zoo evaluate` (docs/embedded-models.md has the 500-caption table: >= 0.97)."""
-    from interp.zoo.t2i_recipe import evaluate
+    """A quick version of `python -m zoo evaluate` (docs/embedded-models.md has the 500-caption table: >= 0.97)."""
+    from zoo.t2i_recipe import evaluate
 
     scores = evaluate(toy_t2i.pipe, {1: 40}, seed=7, progress=False)["1"]
     for attribute in ("shape", "colour", "background", "position", "size", "texture"):
@@ -156,13 +156,13 @@ def test_cli_exit_status_in_a_real_process(tmp_path):
 
 
 def test_zero_pooled_text_leaves_the_prompt_only_to_cross_attention():
-    """`python -m interp.zoo evaluate --zero-pooled-text`: the pooled prompt embedding (the time-embedding path) is
+    """`python -m zoo evaluate --zero-pooled-text`: the pooled prompt embedding (the time-embedding path) is
     zero while the per-token embeddings the cross-attentions read are unchanged; in the toy that path draws the
     background (docs/experiments/t2i-blocks.md: background right on 0.22 of single objects without it, chance 0.17), and only the loaded copy changes."""
-    from interp.zoo.t2i_recipe import evaluate
+    from zoo.t2i_recipe import evaluate
     import torch
 
-    from interp.zoo.t2i_recipe import zero_pooled_text
+    from zoo.t2i_recipe import zero_pooled_text
 
     model = load_t2i("toy", device="cpu")
 
@@ -182,7 +182,7 @@ def test_zero_pooled_text_leaves_the_prompt_only_to_cross_attention():
 
 
 def test_evaluate_cli_refuses_too_few_generations(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "interp.zoo", "evaluate", "--n", "1", "--out", str(tmp_path / "e")],
+    result = subprocess.run([sys.executable, "-m", "zoo", "evaluate", "--n", "1", "--out", str(tmp_path / "e")],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 2 and "--n must be at least 2" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "e").exists()

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from interp.zoo import t2i_recipe
+from zoo import t2i_recipe
 
 
 def train(out, unet_steps: int, *extra: str):
@@ -60,7 +60,7 @@ def test_a_checkpoint_of_another_shapes_world_is_refused_and_its_latents_not_reu
 
     import torch
 
-    from interp.zoo import shapes
+    from zoo import shapes
 
     cfg = t2i_recipe.RecipeConfig()
     torch.save({"config": json.dumps(asdict(cfg), sort_keys=True), "step": 5}, tmp_path / "vae.ckpt")
@@ -86,7 +86,7 @@ def test_one_step_generation_starts_where_the_schedule_holds_no_signal():
     training, so the model cannot learn to read the clean image out of the noise."""
     from pathlib import Path
 
-    from interp.zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
+    from zoo.t2i import T2IConfig, build_pipeline, build_tokenizer_files
 
     tokenizer = Path(__import__("tempfile").mkdtemp())
     build_tokenizer_files(tokenizer, 48)
@@ -102,8 +102,8 @@ def test_frozen_text_encoders_keep_their_weights_and_a_kept_vae_is_kept(tmp_path
     learns; by default they learn with it. `--vae-from` keeps a saved pipeline's VAE bit for bit."""
     import torch
 
-    from interp.zoo import WEIGHTS_DIR
-    from interp.zoo.t2i import T2IConfig, build_pipeline
+    from zoo import WEIGHTS_DIR
+    from zoo.t2i import T2IConfig, build_pipeline
 
     kept = WEIGHTS_DIR / "t2i"
     if not (kept / "model_index.json").exists():
@@ -135,7 +135,7 @@ def test_pretrained_text_encoders_learn_to_match_captions_to_images_then_stay_fr
     the batch rises above chance), resumes from its checkpoint, and the UNet stage then keeps them frozen."""
     import torch
 
-    from interp.zoo import WEIGHTS_DIR
+    from zoo import WEIGHTS_DIR
 
     kept = WEIGHTS_DIR / "t2i"
     if not (kept / "model_index.json").exists():
@@ -154,7 +154,7 @@ def test_pretrained_text_encoders_learn_to_match_captions_to_images_then_stay_fr
 
 
 def test_the_sdxl_proportions_config_puts_most_transformer_layers_at_the_lowest_resolution(tmp_path):
-    from interp.zoo.t2i import T2I_CONFIGS, build_pipeline, build_tokenizer_files, t2i_config
+    from zoo.t2i import T2I_CONFIGS, build_pipeline, build_tokenizer_files, t2i_config
 
     build_tokenizer_files(tmp_path / "tokenizer", 48)
     depth = {}

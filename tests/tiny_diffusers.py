@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from interp.zoo import WEIGHTS_DIR
+from zoo import WEIGHTS_DIR
 
 FAMILIES = ("sd1", "sd2", "sd3", "flux", "pixart", "sana")  # sd1 and sd2: the U-Net family
 TOKENIZER_DIR = WEIGHTS_DIR / "t2i" / "tokenizer"

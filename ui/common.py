@@ -463,7 +463,7 @@ def parse_feature_choice(choice: str | None) -> tuple[str, int]:
 
 def world_records(kinds: tuple[str, ...], n: int, seed: int = 0) -> list[dict]:
     """Held-out chat-world examples, the same number of each kind (round robin)."""
-    from interp.zoo.chat.world import World
+    from zoo.chat.world import World
 
     world = World()
     per_kind = {kind: world.sample(kind, "held_out", -(-n // len(kinds)), seed) for kind in kinds}
@@ -472,7 +472,7 @@ def world_records(kinds: tuple[str, ...], n: int, seed: int = 0) -> list[dict]:
 
 def fetch_hint(models: list[str]) -> str:
     """A line naming the registry models that are not fetched yet and the command that fetches them."""
-    from interp.zoo.fetch import REGISTRY_MODELS, fetch_command_for
+    from interp.models.fetch import REGISTRY_MODELS, fetch_command_for
 
     missing = [name for name in REGISTRY_MODELS if name not in models]
     return "".join(f"\n\n*{name}* is not fetched on this machine: run `{fetch_command_for(name)}` (once, "

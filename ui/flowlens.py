@@ -39,7 +39,7 @@ def build_flowlens_tab(bench) -> FlowLensTab:
                     "the principal directions align with a reference model's. Chat models see each prompt as a "
                     "user turn of their chat template. For XSTest, upload its `xstest_prompts.csv`." +
                     ("" if models else "\n\n**No embedded chat model is present**: train them with "
-                     "`python -m interp.zoo train chat`.") + fetch_hint(models))
+                     "`python -m zoo train chat`.") + fetch_hint(models))
         with gr.Row():
             with gr.Column():
                 chosen = gr.Dropdown(models, value=models[:1], multiselect=True, label="Models",

@@ -94,7 +94,7 @@ class RIEBenchTab:
     def run(self, category: str, task_ids: list[str], method: str, k_trans, multiplier, blocks: list[str],
             variant: str, request: gr.Request = None, progress=gr.Progress()):
         """Run a method on the chosen tasks; streams the table, the trade-off plot and the gallery per task."""
-        from interp.zoo import shapes
+        from zoo import shapes
         from riebench.methods import METHODS, MethodConfig
         from riebench.runner import RunConfig, Runner
 

@@ -164,7 +164,7 @@ class VCLTab:
     # ----- the run's data and what it shows -------------------------------------------------------
     def data(self, directory: Path, source: str, upload, n_examples: int, eval_per_kind: int):
         """The training JSONL and the evaluation prompt set of a run, written into the session's folder."""
-        from interp.zoo.chat.world import World, write_jsonl
+        from zoo.chat.world import World, write_jsonl
 
         data = directory / "train.jsonl"
         if source == UPLOADED:

@@ -2,11 +2,11 @@
 
     lm = load_lm("toy-chat")                                  # embedded base model, Hugging Face backend
     lm = load_lm("toy-chat-safety-0.4", backend="transformer_lens")
-    lm = load_lm("smollm2-135m-instruct")                     # fetched once: python -m interp.zoo fetch NAME
+    lm = load_lm("smollm2-135m-instruct")                     # fetched once: python -m interp fetch NAME
     lm = load_lm("/path/to/a/hf/model")                       # a local directory
     lm = load_lm("Qwen/Qwen2.5-0.5B-Instruct")                # a hub name: the local cache, or a download if allowed
 
-Embedded names resolve to ``interp/zoo/weights/chat-*``, registry names (``interp.zoo.fetch``) to
+Embedded names resolve to ``zoo/weights/chat-*``, registry names (``interp.models.fetch``) to
 their converted directory in the cache; both load with ``local_files_only=True``. GPT-2 and llama
 style models (the embedded ones and SmolLM2 included) go into TransformerLens by TransformerLens'
 own weight conversions with no weight processing (no LayerNorm folding, no centring), from a
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from ..zoo import WEIGHTS_DIR
-from ..zoo import fetch as registry
+from zoo import WEIGHTS_DIR
+from . import fetch as registry
 
 # TransformerLens keeps an (n_ctx, n_ctx) causal mask in every attention layer: 8192 positions would
 # cost 2 GB for SmolLM2's 30 layers. Longer prompts get a clear error instead.
@@ -92,7 +92,7 @@ def resolve_lm(name_or_path: str | os.PathLike) -> tuple[str, bool]:
         known = embedded_lms()
         if name not in known:
             raise LMError(f"no embedded chat model named {name!r}; present: {sorted(known) or 'none'}. "
-                          f"Train them with `python -m interp.zoo train chat` (writes {WEIGHTS_DIR}/chat-*).")
+                          f"Train them with `python -m zoo train chat` (writes {WEIGHTS_DIR}/chat-*).")
         return str(known[name]), True
     path = Path(name).expanduser()
     if path.is_dir():
@@ -274,7 +274,7 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
     """Load a causal LM for capture and generation.
 
     ``name_or_path``: an embedded name (``"toy-chat"`` = the base model, ``"toy-chat-safety-0.4"``, ...),
-    a fetched registry model (``"smollm2-135m-instruct"``, see ``interp.zoo.fetch``), a local directory
+    a fetched registry model (``"smollm2-135m-instruct"``, see ``interp.models.fetch``), a local directory
     saved with ``save_pretrained``, or a Hugging Face hub name (used only when asked for by name; set
     ``HF_HUB_OFFLINE=1`` to forbid downloads). ``backend``: ``"hf"`` or ``"transformer_lens"``; GPT-2 and
     plain llama models convert locally into a ``HookedTransformer``, every other architecture (llama with

@@ -51,7 +51,7 @@ class ModelSpec:
 
 def model_spec(name: str | os.PathLike) -> ModelSpec:
     """The `ModelSpec` of a model name or directory (nothing is loaded; a directory's files are looked at)."""
-    from ..zoo import fetch
+    from . import fetch
     from .lm import EMBEDDED_PREFIX
 
     text = str(name)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..zoo import WEIGHTS_DIR
+from zoo import WEIGHTS_DIR
 from .denoisers import UNET, DenoiserFamily, UnsupportedPipeline, denoiser_of, family_of, family_of_index, \
     family_of_module, step_of_calls
 from .generation import Cancelled  # noqa: F401 - one exception for every stopped generation, image or text
@@ -54,7 +54,7 @@ KNOWN_MODELS = {
 
 MAX_STEPS = 1000
 MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
-RECIPE_FILE = "recipe.json"  # written by `python -m interp.zoo train t2i` next to the pipeline it saves
+RECIPE_FILE = "recipe.json"  # written by `python -m zoo train t2i` next to the pipeline it saves
 
 
 def _recipe_made(path: str) -> KnownModel | None:
@@ -509,7 +509,7 @@ def load_t2i(name_or_path: str = "toy", device: str | None = None, dtype: torch.
     if local and not (Path(source) / "model_index.json").exists():
         raise ModelError(f"{source} has no model_index.json: it is not a pipeline saved with save_pretrained"
                          + (" (the embedded weights are missing: reinstall the repository or run "
-                            "`python -m interp.zoo train t2i`)" if known and known.embedded else ""))
+                            "`python -m zoo train t2i`)" if known and known.embedded else ""))
     if local:
         _saved_family(source)
     try:

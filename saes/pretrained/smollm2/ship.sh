@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How the SmolLM2-135M-Instruct SAE in this directory was made; run from the repository root after
-# `python -m interp.zoo fetch smollm2-135m-instruct`. Corpus: the SmolLM2 study's training text (Dolly train
+# `python -m interp fetch smollm2-135m-instruct`. Corpus: the SmolLM2 study's training text (Dolly train
 # records and the AdvBench goals with their templated refusals, experiments/smollm2_study.py `data`), each
 # rendered as a chat (user turn, assistant turn) by the model's own template: 1,822 documents in a fixed
 # shuffled order (so the cards' first 100k tokens hold both sources), about 313k tokens, all the instruction

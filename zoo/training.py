@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_write
+from interp.atomic import atomic_write
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:

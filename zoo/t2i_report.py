@@ -1,4 +1,4 @@
-"""`python -m interp.zoo evaluate`: probe accuracy of one-step generations from held-out captions."""
+"""`python -m zoo evaluate`: probe accuracy of one-step generations from held-out captions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..atomic import atomic_write_text
+from interp.atomic import atomic_write_text
 from .shapes import ATTRIBUTES
 
 COLUMNS = ("shape", "colour", "background", "position", "size", "texture", "no_extra_objects", "all")
@@ -21,8 +21,8 @@ def markdown_table(results: dict) -> str:
 
 
 def evaluate_command(args) -> int:
-    from ..cli import parse_dtype
-    from ..models import ModelError, load_t2i
+    from interp.cli import parse_dtype
+    from interp.models import ModelError, load_t2i
     from .t2i_recipe import evaluate, zero_pooled_text
 
     try:

@@ -26,8 +26,8 @@ Checkpoints are written atomically every `checkpoint_every` steps; running the s
 command again resumes from the last one. `--vae-from DIR` keeps the VAE of a saved
 pipeline (steps 2-3 skipped) for a recipe change that only touches the UNet side.
 
-    python -m interp.zoo train t2i --out runs/t2i --threads 2   # about 2 hours on two CPU cores
-    python -m interp.zoo train t2i --objective v_prediction --vae-from interp/zoo/weights/t2i \
+    python -m zoo train t2i --out runs/t2i --threads 2   # about 2 hours on two CPU cores
+    python -m zoo train t2i --objective v_prediction --vae-from zoo/weights/t2i \
         --out runs/t2i-base --threads 2                          # toy-base (docs/experiments/step-transfer.md)
 """
 
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..cli import at_least
+from interp.cli import at_least
 from . import shapes
 from .t2i import T2I_CONFIGS, T2IConfig, build_pipeline, build_tokenizer_files, t2i_config
 from .training import lr_at, save_checkpoint
@@ -546,7 +546,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/t2i", help="run directory: checkpoints, log.jsonl")
     parser.add_argument("--save-to", default=None, help="where to save the final pipeline (default OUT/pipeline)")
     parser.add_argument("--config", default="v1", choices=sorted(T2I_CONFIGS),
-                        help="the model's sizes (interp.zoo.t2i.T2I_CONFIGS): v1, the shipped toy; sdxl-proportions, "
+                        help="the model's sizes (zoo.t2i.T2I_CONFIGS): v1, the shipped toy; sdxl-proportions, "
                              "most transformer layers at the lowest resolution as in SDXL (toy-v2); sdxl-blocks-only, "
                              "the same with attention only at 8 x 8")
     parser.add_argument("--seed", type=int, default=0)
@@ -569,7 +569,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train with the pooled prompt embedding (the prompt's path into the time embedding) "
                              "zero and frozen, so the UNet reads the prompt through its cross-attention blocks alone")
     parser.add_argument("--vae-from", default=None, metavar="DIR",
-                        help="keep the VAE of this saved pipeline (e.g. interp/zoo/weights/t2i) and train the UNet only")
+                        help="keep the VAE of this saved pipeline (e.g. zoo/weights/t2i) and train the UNet only")
     parser.add_argument("--objective", default="sample", choices=OBJECTIVES,
                         help="sample: predict the clean latent, weighted to the one-step level (the toy, as SDXL "
                              "Turbo); epsilon / v_prediction: a standard multi-step diffusion model (toy-base, as SDXL "

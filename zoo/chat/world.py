@@ -17,7 +17,7 @@ The split is by construction: a held-out general example uses an argument combin
 (number pair, word sequence, list, fact-and-wording) that the training split never produces;
 benign and harmful held-out examples use slot fillings never produced for training.
 
-    python -m interp.zoo.chat.world --out runs/chat-world --n 2000
+    python -m zoo.chat.world --out runs/chat-world --n 2000
 """
 
 from __future__ import annotations
@@ -549,7 +549,7 @@ def write_jsonl(path: str | Path, examples: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m interp.zoo.chat.world",
+    parser = argparse.ArgumentParser(prog="python -m zoo.chat.world",
                                      description="Export the chat instruction world as JSONL files per kind and split.")
     parser.add_argument("--out", required=True, help="directory for {kind}-{split}.jsonl")
     parser.add_argument("--n", type=int, default=1000, help="examples per kind and split")

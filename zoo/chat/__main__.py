@@ -1,4 +1,4 @@
-"""python -m interp.zoo.chat {world,train,evaluate} ..."""
+"""python -m zoo.chat {world,train,evaluate} ..."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ COMMANDS = {"world": "export the instruction world as JSONL files per kind and s
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m interp.zoo.chat {world,train,evaluate} [options]\n")
+        print("usage: python -m zoo.chat {world,train,evaluate} [options]\n")
         for name, text in COMMANDS.items():
             print(f"  {name:8s} {text}")
         known = not argv or argv[0] in ("-h", "--help")
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "world":
         from types import SimpleNamespace
 
-        from ...cli import run_command
+        from interp.cli import run_command
         from .world import main as world_main
 
         # the one error map (an unwritable --out: one line, exit 2; Ctrl-C: 130); world.py checks its own --n.
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         known, _ = guarded.parse_known_args(argv[1:])
         rest = [a for a in argv[1:] if a != "--overwrite"]
         return run_command(SimpleNamespace(run=lambda _: world_main(rest), out=known.out, overwrite=known.overwrite,
-                                           writer="interp.zoo.chat world"))
+                                           writer="zoo.chat world"))
     if argv[0] == "evaluate":
         from .recipe import evaluate_cli
         return evaluate_cli(argv[1:])

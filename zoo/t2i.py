@@ -56,7 +56,7 @@ class T2IConfig:
         return json.dumps(asdict(self), indent=2)
 
 
-# The recipe's named model configurations (`python -m interp.zoo train t2i --config NAME`).
+# The recipe's named model configurations (`python -m zoo train t2i --config NAME`).
 T2I_CONFIGS = {
     # v1, the shipped `toy`: one transformer layer per attention at every level, so the 8 x 8 blocks
     # (SDXL's four analysed ones) do little the image depends on (docs/saes.md).
