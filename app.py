@@ -101,7 +101,7 @@ class Workbench(Sessions):
 
     def known_lm(self, name: str) -> str:
         if name not in self.chat_models():
-            from interp.zoo.fetch import REGISTRY_MODELS, fetch_command_for
+            from interp.models.fetch import REGISTRY_MODELS, fetch_command_for
 
             if name in REGISTRY_MODELS:  # a model the app knows, not fetched on this machine: how to fetch it
                 raise ValueError(f"{name} is not fetched on this machine: run `{fetch_command_for(name)}` (once, "
