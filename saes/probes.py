@@ -23,6 +23,7 @@ The world's layout (its grid cells, their boxes, the objects' masks) comes from 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -59,11 +60,6 @@ def _object_coverage(scene, height: int, width: int, truth) -> np.ndarray:
     mask = truth.foreground_mask(scene, truth.image_size).astype(np.float32)
     pooled = torch.nn.functional.adaptive_avg_pool2d(torch.from_numpy(mask)[None, None], (height, width))
     return pooled[0, 0].numpy()
-
-
-# The shapes world's object attributes (`GroundTruth.attribute_values` less the background): what the report
-# asks `direction_ceiling` about.
-OBJECT_ATTRIBUTES = ("shape", "colour", "size", "texture", "position")
 
 
 def _object_names(truth) -> list[tuple[str, str]]:
@@ -134,17 +130,15 @@ def cell_means(updates: torch.Tensor, *, truth) -> torch.Tensor:
     return _per_cell(updates.permute(0, 2, 3, 1).float(), "mean", truth)
 
 
-PROBED_ATTRIBUTES = ("colour", "shape", "size", "texture", "position")
-
-
-def cell_probe_accuracy(updates: torch.Tensor, scenes: list, attributes=PROBED_ATTRIBUTES,
+def cell_probe_accuracy(updates: torch.Tensor, scenes: list, attributes: Sequence[str] | None = None,
                         seed: int = 0, *, truth) -> dict[str, dict]:
     """How well a block's update codes each object attribute, independently of any SAE: a multinomial
     logistic regression from an occupied grid cell's mean update (standardised) to the attribute of its
     object, fitted on half of the cells and scored on the other half (image-disjoint halves).
-    truth: the scenes' world (`GroundTruth`).
+    truth: the scenes' world (`GroundTruth`); attributes: default its object attributes.
 
     Returns {attribute: {"accuracy", "chance" (the majority value's share), "n_test"}}."""
+    attributes = truth.object_attributes if attributes is None else attributes
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -203,10 +197,12 @@ def object_vectors(updates: torch.Tensor, scenes: list, min_coverage: float = 0.
     return (np.stack(vectors) if vectors else np.zeros((0, c), np.float32)), objects
 
 
-def mixture_distances(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"),
+def mixture_distances(updates: torch.Tensor, scenes: list, attributes: Sequence[str] | None = None,
                       min_coverage: float = 0.6, *, truth) -> dict[str, float]:
     """`value_mixture_distances` of each attribute over the objects' interior vectors (`object_vectors`):
-    {"attribute=value": distance}. truth: the scenes' world (`GroundTruth`)."""
+    {"attribute=value": distance}. truth: the scenes' world (`GroundTruth`); attributes: default its key
+    attributes."""
+    attributes = truth.key_attributes if attributes is None else attributes
     vectors, objects = object_vectors(updates, scenes, min_coverage, truth=truth)
     results = {}
     for attribute in attributes:
@@ -244,7 +240,7 @@ def value_mixture_distances(features: np.ndarray, targets: np.ndarray) -> np.nda
     return out
 
 
-def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour", "shape"), seed: int = 0,
+def direction_ceiling(updates: torch.Tensor, scenes: list, attributes: Sequence[str] | None = None, seed: int = 0,
                       background_max_coverage: float = 0.05, min_coverage: float = 0.3,
                       max_positions: int = 50_000, *, truth) -> dict[str, float]:
     """The best AUROC one linear feature of this block can reach for each attribute value, scored
@@ -254,9 +250,11 @@ def direction_ceiling(updates: torch.Tensor, scenes: list, attributes=("colour",
     its value, background positions are negatives; at most `max_positions` of them, drawn at random,
     which bounds the cost on SDXL-size blocks), scored on the other half. An SAE feature is
     one direction read through a ReLU, so this is the ceiling of its label; a gap says the SAE did
-    not learn the direction, not that the block lacks it. truth: the scenes' world (`GroundTruth`).
+    not learn the direction, not that the block lacks it. truth: the scenes' world (`GroundTruth`);
+    attributes: default its key attributes.
 
     Returns {"attribute=value": held-out AUROC}."""
+    attributes = truth.key_attributes if attributes is None else attributes
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 

@@ -108,13 +108,18 @@ def build_report(model, root: str | os.PathLike, n_eval_images: int = 500, n_fid
             for block, summary in features_summary["blocks"].items()}
         report["best_block"] = features_summary.get("best_block", {})
         report["label_coverage"] = coverage
-        # the key attributes' values (named for the shapes world's colours and shapes: the file format keeps it)
-        report["colours_and_shapes_labelled"] = {
+        report["key_values_labelled"] = {  # every value of the world's key attributes
             label: coverage.get(label, {"auroc": None, "meets_target": False}) for label in wanted}
-        report["all_colours_and_shapes_labelled"] = all(
+        report["all_key_values_labelled"] = all(
             coverage.get(label, {}).get("meets_target", False) for label in wanted)
         report["features_n_images"] = features_summary.get("n_images")
     return report
+
+
+def key_values_labelled(report: dict) -> dict[str, dict]:
+    """{"attribute=value": {"auroc", "meets_target"}} for every value of the world's key attributes. Reports
+    written before this name (the shipped toy report among them) call it `colours_and_shapes_labelled`."""
+    return report.get("key_values_labelled", report.get("colours_and_shapes_labelled", {}))
 
 
 def block_geometry(updates: dict[str, "torch.Tensor"], scenes: list, ceiling_blocks: list[str] | None = None,
@@ -311,8 +316,8 @@ def report_markdown(report: dict) -> str:
                   f"features and gives it none of its own.", "",
                   _attribute_table(report).rstrip(), "", _value_table(report).rstrip(), "",
                   f"Every {key} labelled at AUROC >= {t['label_auroc_min']}: "
-                  f"{'yes' if report['all_colours_and_shapes_labelled'] else 'no'}"]
-        missing = [label for label, v in report["colours_and_shapes_labelled"].items() if not v["meets_target"]]
+                  f"{'yes' if all(v['meets_target'] for v in key_values_labelled(report).values()) else 'no'}"]
+        missing = [label for label, v in key_values_labelled(report).items() if not v["meets_target"]]
         if missing:
             lines.append(f"(not met: {', '.join(missing)})")
     if report.get("notes"):

@@ -218,6 +218,26 @@ def test_direction_ceiling_reaches_the_coded_colours_and_not_the_uncoded_shapes(
     assert min(sampled.values()) > 0.95
 
 
+class _SizeKeyedWorld:
+    """The shapes world with other roles: its key attribute is size, and only colour and size are object attributes."""
+    key_attributes = ("size",)
+    object_attributes = ("colour", "size")
+
+    def __getattr__(self, name):
+        return getattr(WORLD, name)
+
+
+def test_the_probes_ask_about_the_worlds_attributes_unless_told():
+    """No probe names a world's attributes: left to their defaults they read the world's roles."""
+    scenes = _scenes(60, seed=7)
+    updates = _colour_coded_updates(scenes, np.random.default_rng(3).normal(size=(len(shapes.COLOURS), 8)))
+    world = _SizeKeyedWorld()
+    assert {label.split("=")[0] for label in direction_ceiling(updates, scenes, truth=world)} == {"size"}
+    assert {label.split("=")[0] for label in mixture_distances(updates, scenes, truth=world)} == {"size"}
+    assert set(cell_probe_accuracy(updates, scenes, truth=world)) == {"colour", "size"}
+    assert set(cell_probe_accuracy(updates, scenes, truth=WORLD)) == set(WORLD.object_attributes)
+
+
 def _synthetic_pool(n: int = 40) -> AnalysisPool:
     scenes = _scenes(n, seed=1)
     rng = np.random.default_rng(1)

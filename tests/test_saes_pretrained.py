@@ -13,6 +13,7 @@ import torch
 from interp.models.t2i import TOY_BLOCKS
 from zoo import WEIGHTS_DIR
 from saes.library import PRETRAINED_DIR, FeatureLibrary
+from saes.report import key_values_labelled
 from saes.pool import load_analysis_images
 
 ROOT = PRETRAINED_DIR / "toy"
@@ -111,7 +112,7 @@ def test_labelled_shape_and_colour_features_hold_on_fresh_generations(library, t
     from zoo.shapes import WORLD, parse_caption
     from saes.probes import attribute_aurocs, encode_positions
 
-    claims = {label: c for label, c in _report()["colours_and_shapes_labelled"].items() if c["meets_target"]}
+    claims = {label: c for label, c in key_values_labelled(_report()).items() if c["meets_target"]}
     assert sum(label.startswith("shape=") for label in claims) == 6  # every shape
     assert sum(label.startswith("colour=") for label in claims) >= 5
     prompts = world_prompts(150, seed=4243)
