@@ -28,7 +28,8 @@ from .hooks.diffusion import capture_updates
 from .models.t2i import MAX_SEED, generate
 from .store import (CALLS_PER_STEP, FORMAT, LM_INDEX, LM_KIND, MANIFEST_FILE, PLAN_FILE, SHARD_DIR, STEP_REDUCTION,
                     STORE_DTYPE, VERSION, ActivationStore, StoreError, StorePlan, check_plan, prepare_directory,
-                    shard_is_whole, shard_metadata, shard_name, write_manifest, write_resumable_shard)
+                    shard_is_whole, shard_metadata, shard_name, window_batches, write_manifest,
+                    write_resumable_shard)
 
 # Images a `collect --world` run may ask for: its plan lists every caption (about 120 MB of plan.json at the
 # limit), and the toy's six blocks store 64 KB per image and step. A larger store comes from --prompts.
@@ -342,44 +343,21 @@ def stream_vectors(model, block: str, prompts: Iterable[str], batch_size: int, s
     shuffled within a window of about `buffer_vectors`; the last partial batch is yielded.
     stop_after_last (default): each generation's final denoiser call ends after the block (bit-identical).
     """
-    generator = torch.Generator().manual_seed(seed)
     steps = model.default_steps if steps is None else steps
     guidance = model.default_guidance if guidance is None else guidance
-    pending: list[torch.Tensor] = []
-    held = 0
-    carry = None
-    image_index = 0
     prompt_iter = iter(prompts)
 
-    def emit(final: bool):
-        nonlocal carry, pending, held
-        window = torch.cat(([carry] if carry is not None else []) + pending)
-        pending, held = [], 0
-        if shuffle:
-            window = window[torch.randperm(len(window), generator=generator)]
-        n_full = len(window) // batch_size * batch_size
-        for i in range(0, n_full, batch_size):
-            yield window[i:i + batch_size]
-        carry = window[n_full:]
-        if final and len(carry):
-            yield carry
+    def chunks() -> Iterator[torch.Tensor]:
+        image_index = 0
+        while chunk := [p for _, p in zip(range(images_per_generation), prompt_iter)]:
+            seeds = list(range(seed + image_index, seed + image_index + len(chunk)))
+            image_index += len(chunk)
+            with capture_updates(model, [block], device="cpu", stop_after_last=stop_after_last) as cap:
+                generate(model, chunk, steps=steps, seed=seeds, guidance=guidance, output_type="latent")
+            x = cap.updates(block, half)  # (steps, n, C, H, W); a text stream's (steps, n, C, tokens)
+            yield x.transpose(0, 1).movedim(2, -1).reshape(-1, x.shape[2]).float()
 
-    while True:
-        chunk = [p for _, p in zip(range(images_per_generation), prompt_iter)]
-        if not chunk:
-            break
-        seeds = list(range(seed + image_index, seed + image_index + len(chunk)))
-        image_index += len(chunk)
-        with capture_updates(model, [block], device="cpu", stop_after_last=stop_after_last) as cap:
-            generate(model, chunk, steps=steps, seed=seeds, guidance=guidance, output_type="latent")
-        x = cap.updates(block, half)  # (steps, n, C, H, W); a text stream's (steps, n, C, tokens)
-        vectors = x.transpose(0, 1).movedim(2, -1).reshape(-1, x.shape[2]).float()
-        pending.append(vectors)
-        held += len(vectors)
-        if held >= buffer_vectors:
-            yield from emit(final=False)
-    if pending or (carry is not None and len(carry)):
-        yield from emit(final=True)
+    yield from window_batches(chunks(), batch_size, buffer_vectors=buffer_vectors, shuffle=shuffle, seed=seed)
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -39,7 +39,7 @@ import os
 import random
 from dataclasses import asdict
 from pathlib import Path
-from typing import ClassVar, Iterator
+from typing import ClassVar, Iterable, Iterator
 
 import torch
 from safetensors import safe_open
@@ -226,6 +226,39 @@ def write_manifest(out: Path, plan: StorePlan, manifest: dict) -> None:
 
 # ----------------------------------------------------------------------------- reading
 
+def window_batches(chunks: Iterable[torch.Tensor], batch_size: int, *, buffer_vectors: int, shuffle: bool = True,
+                   seed: int = 0, drop_last: bool = False) -> Iterator[torch.Tensor]:
+    """(batch_size, channels) batches from a stream of (n, channels) chunks, shuffled by window: chunks are held
+    until at least `buffer_vectors` vectors are, which are shuffled together (one generator, seeded `seed`) and
+    cut into full batches; the rest carries into the next window. The last partial batch is yielded unless
+    `drop_last`. Memory stays about one window. The store's reader and `collect.stream_vectors` both batch so."""
+    generator = torch.Generator().manual_seed(seed)
+    pending: list[torch.Tensor] = []
+    held = 0
+    carry = None
+
+    def cut():
+        nonlocal pending, held, carry
+        window = torch.cat(([carry] if carry is not None else []) + pending)
+        pending, held = [], 0
+        if shuffle:
+            window = window[torch.randperm(len(window), generator=generator)]
+        n_full = len(window) // batch_size * batch_size
+        for i in range(0, n_full, batch_size):
+            yield window[i:i + batch_size]
+        carry = window[n_full:] if n_full < len(window) else None
+
+    for chunk in chunks:
+        pending.append(chunk)
+        held += len(chunk)
+        if held >= buffer_vectors:
+            yield from cut()
+    if pending:
+        yield from cut()
+    if carry is not None and not drop_last:
+        yield carry
+
+
 class ActivationStore:
     """A finished store: per-image access and shuffled streams of (batch, channels) vectors.
 
@@ -367,26 +400,8 @@ class ActivationStore:
         if batch_size < 1:
             raise StoreError(f"batch_size must be positive, not {batch_size}")
         order = list(range(len(self.shards)))
-        generator = torch.Generator().manual_seed(seed)
         if shuffle:
             random.Random(seed).shuffle(order)
-        buffer: list[torch.Tensor] = []
-        held = 0
-        carry = None
-        for position, shard_index in enumerate(order):
-            vectors = self._shard_vectors(self.shards[shard_index], block)
-            buffer.append(vectors)
-            held += len(vectors)
-            last = position == len(order) - 1
-            if held < buffer_vectors and not last:
-                continue
-            window = torch.cat(([carry] if carry is not None else []) + buffer)
-            buffer, held = [], 0
-            if shuffle:
-                window = window[torch.randperm(len(window), generator=generator)]
-            n_full = len(window) // batch_size * batch_size
-            for i in range(0, n_full, batch_size):
-                yield window[i:i + batch_size]
-            carry = window[n_full:] if n_full < len(window) else None
-        if carry is not None and len(carry) and not drop_last:
-            yield carry
+        chunks = (self._shard_vectors(self.shards[i], block) for i in order)
+        yield from window_batches(chunks, batch_size, buffer_vectors=buffer_vectors, shuffle=shuffle, seed=seed,
+                                  drop_last=drop_last)
