@@ -26,46 +26,19 @@ def _generate(args) -> int:
     return 0
 
 
-def _lm_description(name: str) -> dict:
-    """A language model's hook names and sizes, from its config alone (no weights are loaded)."""
-    from transformers import AutoConfig
-
-    from .hooks.lm import residual_hook_names
-    from .hooks.lm_sites import family_of
-    from .models.lm import LMError, hf_n_ctx, resolve_lm
-
-    source, local = resolve_lm(name)
-    try:
-        config = AutoConfig.from_pretrained(source, local_files_only=True)
-    except OSError as error:
-        raise LMError(f"cannot read the config of {name!r}: {error}") from error
-    n_layers = config.num_hidden_layers
-    family = family_of(config)  # the site table's; an unknown family is one clear line
-    sites = ("resid_pre", "resid_mid", "resid_post") if family.mlp_input else ("resid_pre", "resid_post")
-    return {"model": name, "kind": "language-model", "model_type": config.model_type, "family": family.name,
-            "n_layers": n_layers, "d_model": config.hidden_size, "n_ctx": hf_n_ctx(config),
-            "hooks": residual_hook_names(n_layers, sites)}
-
-
 def _blocks(args) -> int:
-    from .models import load_t2i
     from .models.spec import model_spec
 
-    if model_spec(args.model).is_lm:
-        print(json.dumps(_lm_description(args.model), indent=2))
-        return 0
-    print(json.dumps(load_t2i(args.model).describe(), indent=2))
+    print(json.dumps(model_spec(args.model).describe(), indent=2))
     return 0
 
 
 def _hooks(args) -> int:
     """One valid hook name per line: an LM's residual hooks, or a text-to-image model's blocks and the text streams
     of its joint blocks (`<block>:text`: SD3, FLUX)."""
-    from .models import load_t2i
     from .models.spec import model_spec
 
-    names = _lm_description(args.model)["hooks"] if model_spec(args.model).is_lm else list(load_t2i(args.model).sites)
-    print("\n".join(names))
+    print("\n".join(model_spec(args.model).describe()["sites"]))
     return 0
 
 

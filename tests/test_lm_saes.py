@@ -199,8 +199,12 @@ def test_hooks_command_lists_the_models_residual_hook_names(capsys):
     assert len(names) == 12 and names[0] == "blocks.0.hook_resid_pre" and names[-1] == "blocks.3.hook_resid_post"
     assert interp_main(["blocks", "--model", "toy-chat"]) == 0
     described = json.loads(capsys.readouterr().out)
-    assert described["d_model"] == 128 and described["hooks"] == names
-
+    assert described["d_model"] == 128 and described["kind"] == "lm" and described["sites"] == names
+    assert interp_main(["hooks", "--model", "toy"]) == 0
+    t2i_names = capsys.readouterr().out.split()
+    assert interp_main(["blocks", "--model", "toy"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["kind"] == "t2i" and described["sites"] == t2i_names == list(described["blocks"])
 
 # ----------------------------------------------------------------------------- training, sae-lens, TransformerLens
 

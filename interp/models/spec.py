@@ -37,6 +37,30 @@ class ModelSpec:
     def is_lm(self) -> bool:
         return self.kind == LM
 
+    def describe(self) -> dict:
+        """What the model offers hooks, as JSON data: a language model's family, sizes and residual hook names
+        from its config alone (no weights are loaded); a text-to-image model's blocks and text streams
+        (`T2IModel.describe`, which loads the pipeline). Both have ``"sites"``: every name a capture accepts."""
+        if not self.is_lm:
+            description = self.load().describe()
+            return {**description, "kind": T2I, "sites": [*description["blocks"], *description["text_sites"]]}
+        from transformers import AutoConfig
+
+        from ..hooks.lm import residual_hook_names
+        from ..hooks.lm_sites import family_of
+        from .lm import LMError, hf_n_ctx, resolve_lm
+
+        source, _ = resolve_lm(self.name)
+        try:
+            config = AutoConfig.from_pretrained(source, local_files_only=True)
+        except OSError as error:
+            raise LMError(f"cannot read the config of {self.name!r}: {error}") from error
+        family = family_of(config)  # the site table's; an unknown family is one clear line
+        kinds = ("resid_pre", "resid_mid", "resid_post") if family.mlp_input else ("resid_pre", "resid_post")
+        return {"model": self.name, "kind": LM, "model_type": config.model_type, "family": family.name,
+                "n_layers": config.num_hidden_layers, "d_model": config.hidden_size, "n_ctx": hf_n_ctx(config),
+                "sites": residual_hook_names(config.num_hidden_layers, kinds)}
+
     def load(self, **options):
         """The loaded model: `interp.models.lm.load_lm(name, **options)` (``backend``, ``device``, ``dtype``) for
         a language model, `interp.models.t2i.load_t2i(name, **options)` for a text-to-image model."""
