@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from interp.atomic import atomic_write
+from interp.atomic import atomic_write, atomic_write_text
 from interp.cli import add_backend_argument, add_dtype_argument, at_least, parse_dtype
 from interp.hooks.lm import residual_capture
 from interp.models.lm import use_chat_template
@@ -284,7 +284,7 @@ def _trim_log(path: Path, step: int) -> None:
     """Drop log lines of steps after the checkpoint (they will be redone)."""
     if path.exists():
         lines = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        path.write_text("".join(line + "\n" for line in lines))
+        atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 def read_log(out: str | Path) -> list[dict]:
@@ -363,13 +363,13 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
         step = state["step"]
         _trim_log(log_path, step)
     else:
-        (out / "config.json").write_text(json.dumps(config.to_json(), indent=2) + "\n")
+        atomic_write_text(out / "config.json", json.dumps(config.to_json(), indent=2) + "\n")
         log_path.unlink(missing_ok=True)
 
     evaluate = (lambda: evaluate_refusals(model, tokenizer, eval_records, max_new_tokens=config.eval_max_new_tokens,
                                           chat_template=config.chat_template).to_json()) if eval_records else None
     if evaluate and step == 0 and not (out / "eval_before.json").exists():
-        (out / "eval_before.json").write_text(json.dumps(evaluate(), indent=2) + "\n")
+        atomic_write_text(out / "eval_before.json", json.dumps(evaluate(), indent=2) + "\n")
 
     window = layers if config.vcl is not None else None
     model.train()
@@ -416,9 +416,9 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
         tokenizer.save_pretrained(out / "model")
         if evaluate:
             after = evaluate()
-            (out / "eval_after.json").write_text(json.dumps(after, indent=2) + "\n")
+            atomic_write_text(out / "eval_after.json", json.dumps(after, indent=2) + "\n")
             result["eval_after"] = after["metrics"]
-    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    atomic_write_text(out / "result.json", json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -154,8 +154,11 @@ def test_export_writes_jsonl_per_kind_and_split(tmp_path):
 
 
 def test_export_rejects_a_non_positive_count(tmp_path, capsys):
-    assert W.main(["--out", str(tmp_path), "--n", "0"]) == 2
-    assert "--n" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # argparse's own error: usage, then the one line, exit 2
+        W.main(["--out", str(tmp_path), "--n", "0"])
+    assert exited.value.code == 2
+    assert "argument --n: must be at least 1, got 0" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_tokenizer_knows_every_word_of_the_world(chat_world, tokenizer):

@@ -30,6 +30,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from interp.atomic import atomic_write_text
+from interp.cli import at_least
+
 SPLITS = ("train", "held_out")
 KINDS = ("general", "harmful", "benign")
 MAX_NUMBER = 99  # every number of the world (operands, list items, answers) is 0..99: one token each
@@ -541,24 +544,17 @@ class World:
 def write_jsonl(path: str | Path, examples: list[dict]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        for e in examples:
-            f.write(json.dumps(e) + "\n")
-    tmp.replace(path)
+    atomic_write_text(path, "".join(json.dumps(e) + "\n" for e in examples))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zoo.chat.world",
                                      description="Export the chat instruction world as JSONL files per kind and split.")
     parser.add_argument("--out", required=True, help="directory for {kind}-{split}.jsonl")
-    parser.add_argument("--n", type=int, default=1000, help="examples per kind and split")
+    parser.add_argument("--n", type=at_least(1), default=1000, help="examples per kind and split")
     parser.add_argument("--seed", type=int, default=0, help="world seed (knowledge base)")
     parser.add_argument("--sample-seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.n <= 0:
-        print("--n must be positive", file=sys.stderr)
-        return 2
     world = World(WorldConfig(seed=args.seed))
     for kind in KINDS:
         for split in SPLITS:
