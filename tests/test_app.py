@@ -347,6 +347,15 @@ def text_includes(selector: str, text: str) -> str:
     return f"(document.querySelector({selector!r})?.innerText ?? '').includes({text!r})"
 
 
+def shows_brush_colour(page, clip: dict) -> bool:
+    """Whether the page shows the Paint tab's magenta brush (#ff00ff) inside `clip` (page coordinates)."""
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(io.BytesIO(page.screenshot(clip=clip))).convert("RGB")).astype(int)
+    red, green, blue = pixels[..., 0], pixels[..., 1], pixels[..., 2]
+    return bool(((red > 200) & (blue > 200) & (green < 80)).sum() > 20)
+
+
 PAINTED: dict = {}  # the browser paint test's original, edited and region, for the locality test
 
 
@@ -434,20 +443,31 @@ RIEBENCH_LAYOUT = """() => {
 
 @needs_chromium
 def test_browser_paints_a_feature_edit_in_a_stroked_region(page):
-    open_tab(page, "Paint")
-    page.locator("#paint-steps input").fill("1")
-    page.locator("#paint-load").click()
+    open_tab(page, "Paint")  # opening the tab loads the image (the toy's one step): strokes must come after it
+    wait_until(page, text_includes("#paint-info", "(1 step, seed 0)"), 90_000, "#paint-info")
+    # the editor's progress overlay stays a moment after the load's info line: strokes on it are lost
+    wait_until(page, "document.querySelector('#paint-canvas .wrap')?.classList.contains('hide') ?? true", 60_000,
+               "#paint-canvas")
     canvas = page.locator("#paint-canvas canvas").first
     canvas.wait_for(timeout=60_000)
-    page.wait_for_timeout(3000)  # the loaded image is drawn into the editor
-    box = canvas.bounding_box()
-    # the image sits centred in the editor: a short stroke above and left of its centre
-    x0, y0 = box["x"] + box["width"] / 2 - 80, box["y"] + box["height"] / 2 - 50
-    page.mouse.move(x0, y0)
-    page.mouse.down()
-    for i in range(1, 11):
-        page.mouse.move(x0 + 10 * i, y0, steps=2)
-    page.mouse.up()
+    # Paint, look at the editor as a user would, and paint again if the stroke is not there (the editor may
+    # take a moment more to take strokes on a loaded machine).
+    for _ in range(4):
+        page.wait_for_timeout(1000)
+        box = canvas.bounding_box()
+        # the image sits centred in the editor: a short stroke above and left of its centre
+        x0, y0 = box["x"] + box["width"] / 2 - 80, box["y"] + box["height"] / 2 - 50
+        page.mouse.move(x0, y0)
+        page.mouse.down()
+        for i in range(1, 11):
+            page.mouse.move(x0 + 10 * i, y0, steps=2)
+        page.mouse.up()
+        page.wait_for_timeout(500)
+        if shows_brush_colour(page, {"x": x0 - 10, "y": y0 - 20, "width": 120, "height": 40}):
+            break
+    else:
+        page.screenshot(path=str(SCREENSHOTS / "failed.png"), full_page=True)
+        raise AssertionError("the editor never showed the stroke (screenshot: artifacts/screenshots/failed.png)")
     _, feature = paint_feature()
     if feature is not None:
         page.locator("#paint-feature input").fill(str(feature))

@@ -570,9 +570,11 @@ def test_an_icon_says_when_it_draws_another_strength_than_asked(bench):
 
 
 def test_opening_paint_loads_its_image_once_and_keeps_strokes(bench):
-    loaded = PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, None, progress=no_progress)
+    loaded, info = PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, None, progress=no_progress)
     assert loaded["background"] is not None and loaded["layers"] == []
-    assert PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, loaded, progress=no_progress) == gr.update()
+    assert info.startswith("Loaded 'a red circle' (1 step, seed 0)")
+    kept = PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, loaded, progress=no_progress)
+    assert kept == (gr.update(), gr.update())
 
 
 def test_flowlens_analyses_and_steering_at_once_on_one_shared_model_each_get_what_they_get_alone(bench):

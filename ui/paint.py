@@ -68,10 +68,13 @@ def build_paint_tab(bench) -> PaintTab:
     # inputs by name: the handlers' parameters; each dict's order is the HTTP API's
     image = {"prompt": prompt, "steps": steps, "seed": seed}
     chosen = {"block": block, "feature": feature, "search": search, "strength": strength}
-    loaded = load.click(tab.paint_canvas, inputs_kwargs=image, outputs=[region], api_name="paint_canvas")
+    # One ordered queue for both loads: a click right after opening the tab lands after the tab's own load,
+    # never under it (a late load would replace the editor and drop strokes painted in between).
+    loaded = load.click(tab.paint_canvas, inputs_kwargs=image, outputs=[region, info], api_name="paint_canvas",
+                        concurrency_id="paint-canvas", concurrency_limit=1)
     # the first visit loads the image, so strokes always land on it
-    paint_tab.select(tab.paint_canvas_if_empty, inputs_kwargs={**image, "region": region}, outputs=[region],
-                     api_name=False)
+    paint_tab.select(tab.paint_canvas_if_empty, inputs_kwargs={**image, "region": region}, outputs=[region, info],
+                     api_name=False, concurrency_id="paint-canvas", concurrency_limit=1)
     block.change(tab.default_paint_feature, inputs_kwargs={"block": block}, outputs=[feature], api_name=False,
                  queue=False)
     applied = apply.click(tab.paint, inputs_kwargs={**image, **chosen, "act_steps": act_steps, "region": region},
@@ -137,19 +140,20 @@ class PaintTab:
     @user_errors
     def paint_canvas(self, prompt: str, steps: float, seed: float, request: gr.Request = None,
                      progress=gr.Progress()):
-        """The image to paint on: the prompt's generation."""
+        """The image to paint on (the prompt's generation) and a line saying which it is."""
         prompt, steps, seed = generation_request(prompt, steps, seed)
         with self.bench.interruptible(request, "paint", progress):
             image = self.bench.t2i.generate(prompt, steps=steps, seed=seed)[0]
         big = image.resize((image.width * 4, image.height * 4), 0)
-        return {"background": big, "layers": [], "composite": big}
+        return ({"background": big, "layers": [], "composite": big},
+                f"Loaded {prompt!r} ({steps} step{'s' * (steps != 1)}, seed {seed}): paint the region, then Apply.")
 
     @user_errors
     def paint_canvas_if_empty(self, prompt: str, steps: float, seed: float, region, request: gr.Request = None,
                               progress=gr.Progress()):
         """The Paint tab opened: the image to paint on, unless one is loaded already (strokes kept)."""
         if isinstance(region, dict) and region.get("background") is not None:
-            return gr.update()
+            return gr.update(), gr.update()
         return self.paint_canvas(prompt, steps, seed, request, progress)
 
     @user_errors
