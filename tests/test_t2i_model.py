@@ -188,6 +188,17 @@ def test_evaluate_cli_refuses_too_few_generations(tmp_path):
     assert not (tmp_path / "e").exists()
 
 
+@pytest.mark.parametrize("option, value, says", [("--steps", "0", "steps must be an integer from 1"),
+                                                 ("--guidance", "-1", "guidance must be a finite number"),
+                                                 ("--guidance", "nan", "guidance must be a finite number")])
+def test_evaluate_refuses_steps_and_guidance_that_mean_nothing(tmp_path, capsys, option, value, says):
+    from zoo.__main__ import main as zoo_main
+
+    assert zoo_main(["evaluate", "--n", "2", option, value, "--out", str(tmp_path / "e")]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()
+
+
 def test_a_recipe_made_pipeline_samples_with_the_steps_and_guidance_its_recipe_saved(tmp_path):
     import json
 

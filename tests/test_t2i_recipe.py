@@ -252,6 +252,12 @@ def test_a_base_model_recipe_saves_a_multi_step_cfg_pipeline_and_a_one_step_mode
                                seed=0, output_type="np")
     assert image.shape == (1, 64, 64, 3) and np.isfinite(image).all()
     assert cap.updates("mid_block.attentions.0", half="all").shape[:2] == (3, 2)  # 3 steps, [uncond, cond]
+    # `zoo evaluate` scores it at its own steps and guidance, and says which
+    from zoo.__main__ import main as zoo_main
+
+    assert zoo_main(["evaluate", "--model", str(base / "pipeline"), "--n", "2", "--out", str(tmp_path / "e")]) == 0
+    evaluated = json.loads((tmp_path / "e" / "t2i_eval.json").read_text())
+    assert (evaluated["steps"], evaluated["guidance"]) == (3, 2.0)
 
     turbo = tmp_path / "turbo"
     train(turbo, 0, "--init-from", str(base / "pipeline"), "--vae-from", str(base / "pipeline"))

@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--model", default="toy", help="model name or directory (default: the embedded toy model)")
     evaluate.add_argument("--n", type=int, default=500, help="generations per object count")
     evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--steps", type=int, default=None,
+                          help="denoising steps (default: the model's own: 1 for the toys, a toy-base's recipe.json)")
+    evaluate.add_argument("--guidance", type=float, default=None,
+                          help="classifier-free guidance scale (default: the model's own; 0 = none)")
     evaluate.add_argument("--out", default=None, help="write JSON and a markdown table here")
     add_dtype_argument(evaluate, what="the pipeline")
     evaluate.add_argument("--zero-pooled-text", action="store_true",

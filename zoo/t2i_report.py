@@ -1,4 +1,5 @@
-"""`python -m zoo evaluate`: probe accuracy of one-step generations from held-out captions."""
+"""`python -m zoo evaluate`: probe accuracy of generations from held-out captions, at the model's own steps and
+guidance unless told."""
 
 from __future__ import annotations
 
@@ -33,15 +34,24 @@ def evaluate_command(args) -> int:
     if args.n < 2:
         print(f"error: --n must be at least 2 (generations per object count), not {args.n}", file=sys.stderr)
         return 2
+    steps = model.default_steps if args.steps is None else args.steps
+    guidance = model.default_guidance if args.guidance is None else args.guidance
+    try:
+        model.check_request(steps, guidance=guidance)
+    except ModelError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if args.zero_pooled_text:
         zero_pooled_text(model.pipe)
-    results = evaluate(model.pipe, {1: args.n, 2: args.n // 2, 3: args.n // 2}, seed=args.seed)
+    results = evaluate(model.pipe, {1: args.n, 2: args.n // 2, 3: args.n // 2}, seed=args.seed, steps=steps,
+                       guidance=guidance)
     table = markdown_table(results)
     print(table)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "t2i_eval.json", json.dumps({"model": args.model, "seed": args.seed, "steps": 1,
+        atomic_write_text(out / "t2i_eval.json", json.dumps({"model": args.model, "seed": args.seed, "steps": steps,
+                                                              "guidance": guidance,
                                                               "zero_pooled_text": args.zero_pooled_text,
                                                               "model_dtype": args.dtype,
                                                               "attributes": list(ATTRIBUTES), "results": results},
