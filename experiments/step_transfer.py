@@ -14,6 +14,8 @@ guidance (both halves), on held-out captions of the shapes world.
     python -m experiments.step_transfer paint    # painted labels (`saes causal`) with them at 1, 2 and 4 steps
     python -m experiments.step_transfer cost     # one toy-base recipe step, timed
     python -m experiments.step_transfer run --base runs/t2i-base/pipeline   # the multi-step base model too
+    # (causal, paint and report take --base too: the same edits on the base model's generations, at the steps
+    # and guidance of its recipe.json, a column of their own)
 
 Per block and setting: explained variance, L0 and dead fraction of the shipped SAE (per denoising step and over
 all steps), beside a ceiling (a TopK SAE of the shipped size trained on that setting's updates, on other captions)
@@ -60,13 +62,28 @@ class Setting:
         return f"{prefix}steps{self.steps}-g{self.guidance:g}-{self.half}"
 
 
-def base_settings(directory: str) -> dict[str, Setting]:
-    """The multi-step base model's settings (both CFG halves at its own steps and guidance, from its recipe.json)."""
-    recipe = json.loads((Path(directory) / "recipe.json").read_text())
-    steps, guidance = int(recipe.get("sampling_steps", 1)), float(recipe.get("guidance", 0.0))
+def base_sampling(directory: str) -> tuple[int, float]:
+    """The multi-step base model's own steps and guidance (its recipe.json); refused for a one-step model."""
+    recipe_path = Path(directory) / "recipe.json"
+    if not recipe_path.exists():
+        raise ValueError(f"{directory} has no recipe.json: --base wants a pipeline saved by "
+                         "`python -m zoo train t2i --objective v_prediction`")
+    recipe = json.loads(recipe_path.read_text())
     if recipe.get("objective", "sample") == "sample":
         raise ValueError(f"{directory} was trained with the one-step objective; --base wants a multi-step model "
                          "(`python -m zoo train t2i --objective v_prediction`)")
+    return int(recipe.get("sampling_steps", 1)), float(recipe.get("guidance", 0.0))
+
+
+def base_column(directory: str) -> str:
+    """How the tables name the base model's generations: "base, 30 steps, CFG 5"."""
+    steps, guidance = base_sampling(directory)
+    return f"base, {steps} steps" + (f", CFG {guidance:g}" if guidance > 1 else "")
+
+
+def base_settings(directory: str) -> dict[str, Setting]:
+    """The multi-step base model's settings (both CFG halves at its own steps and guidance, from its recipe.json)."""
+    steps, guidance = base_sampling(directory)
     halves = ("cond", "uncond") if guidance > 1 else ("cond",)
     return {f"base, {steps} steps, CFG {guidance:g}, {half}": Setting(steps, guidance, half, str(directory))
             for half in halves}
@@ -374,7 +391,7 @@ def causal(args) -> int:
     """RIEBench's shapes suite with the shipped 1-step SAEs (the sae method, static, through the blocks that draw
     shape and colour) at 1, 2 and 4 steps: the same tasks, the same edit rule, applied at every step."""
     from riebench.methods import MethodConfig
-    from riebench.runner import Runner, RunConfig as BenchConfig
+    from riebench.runner import Runner, RunConfig as BenchConfig, load_saes
 
     global RUN_ROOT
     RUN_ROOT = Path(args.out).resolve()
@@ -390,16 +407,30 @@ def causal(args) -> int:
         runner = Runner(bench, RUN_ROOT / "riebench" / f"steps{steps}", model=model, progress=False)
         model = runner.model
         print(runner.run())
+    if args.base:  # the same tasks and edits on the base model's generations, at its own steps and guidance
+        column = base_column(args.base)
+        _log(f"RIEBench with the 1-step SAEs on {column} ({args.base}): {', '.join(CAUSAL_CATEGORIES)}, "
+             f"{args.limit} tasks each")
+        bench = BenchConfig(model=args.base, categories=list(CAUSAL_CATEGORIES), limit_per_category=args.limit,
+                            saes=str(SAE_ROOT), steps=base_sampling(args.base)[0], configs=configs)
+        # the toy's SAEs on another model, on purpose: given loaded, past the runner's check that they were
+        # trained on the model they edit (the question here is whether they transfer)
+        saes = load_saes(str(SAE_ROOT), list(CAUSAL_BLOCKS))
+        print(Runner(bench, RUN_ROOT / "riebench" / "base", saes=saes, progress=False).run())
     return 0
 
 
-def causal_results() -> dict | None:
-    """{steps: {config label: {category: {success, preservation, n}}}} from the causal runs, or None."""
+def causal_results(base: str | None = None) -> dict | None:
+    """{steps: {config label: {category: {success, preservation, n}}}} from the causal runs, or None; with
+    ``base`` (a toy-base directory) and its run done, also {base_column(base): ...}."""
     from riebench.runner import load_results
 
     out = {}
-    for steps in CAUSAL_STEPS:
-        done, failed = load_results(RUN_ROOT / "riebench" / f"steps{steps}")
+    runs = [(str(steps), RUN_ROOT / "riebench" / f"steps{steps}") for steps in CAUSAL_STEPS]
+    if base and load_results(RUN_ROOT / "riebench" / "base")[0]:
+        runs.append((base_column(base), RUN_ROOT / "riebench" / "base"))
+    for steps, directory in runs:
+        done, failed = load_results(directory)
         if not done:
             return None
         table = {}
@@ -408,11 +439,11 @@ def causal_results() -> dict | None:
                 result["category"], {"success": [], "preservation": []})
             for key in ("success", "preservation"):
                 cell[key].append(float(result["metrics"][key]))
-        out[str(steps)] = {label: {category: {"success": float(np.mean(v["success"])),
-                                              "preservation": float(np.mean(v["preservation"])), "n": len(v["success"])}
-                                   for category, v in sorted(categories.items())}
-                           for label, categories in sorted(table.items())}
-        out[str(steps)]["failed"] = len(failed)
+        out[steps] = {label: {category: {"success": float(np.mean(v["success"])),
+                                         "preservation": float(np.mean(v["preservation"])), "n": len(v["success"])}
+                              for category, v in sorted(categories.items())}
+                      for label, categories in sorted(table.items())}
+        out[steps]["failed"] = len(failed)
     return out
 
 
@@ -460,25 +491,33 @@ def paint(args) -> int:
     torch.set_num_threads(args.threads)
     library = FeatureLibrary(args.sae)
     chosen = paint_features(library, args.block or PAINT_BLOCKS, per_label=args.per_label)
-    model = None
+    # (run directory, model, steps, what the config adds): the toy at each step count, then the base model at its
+    # own steps and guidance (its generations' unedited images are its own: one `originals` per model)
+    runs = [(f"steps{steps}", MODEL, steps, {}) for steps in args.steps]
+    if args.base:
+        runs.append(("base", args.base, base_sampling(args.base)[0],
+                     {"model": args.base, "column": base_column(args.base)}))
+    models: dict = {}
     originals: dict = {}
-    for steps in args.steps:
+    for directory, name, steps, extra in runs:
         for strength in args.strength:
             for block in dict.fromkeys(b for b, _, _ in chosen):
                 features = [f for b, f, _ in chosen if b == block]
                 config = {"steps": steps, "strength": strength, "scenes": args.scenes, "seed": args.seed,
-                          "block": block, "features": features, "sae": _shown(Path(args.sae).resolve())}
-                path = RUN_ROOT / "paint" / f"steps{steps}" / f"{block}-s{strength:g}.json"
+                          "block": block, "features": features, "sae": _shown(Path(args.sae).resolve()), **extra}
+                path = RUN_ROOT / "paint" / directory / f"{block}-s{strength:g}.json"
                 if path.exists() and json.loads(path.read_text())["config"] == config:
                     continue
-                if model is None:
-                    model = load_t2i(MODEL)
-                    model.pipe.set_progress_bar_config(disable=True)
-                _log(f"painting {len(features)} labelled features of {block} at {steps} step(s), strength "
-                     f"{strength:g}, {args.scenes} scenes each")
+                if name not in models:
+                    models[name] = load_t2i(name)
+                    models[name].pipe.set_progress_bar_config(disable=True)
+                _log(f"painting {len(features)} labelled features of {block} at {steps} step(s)"
+                     f"{'' if name == MODEL else ' of ' + extra['column']}, strength {strength:g}, "
+                     f"{args.scenes} scenes each")
                 start = time.perf_counter()
-                scores = causal_label_scores(library, model, block, features, n_scenes=args.scenes,
-                                             strength=strength, seed=args.seed, originals=originals, steps=steps,
+                scores = causal_label_scores(library, models[name], block, features, n_scenes=args.scenes,
+                                             strength=strength, seed=args.seed,
+                                             originals=originals.setdefault(name, {}), steps=steps,
                                              preservation=True)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_json(path, {"config": config, "seconds": time.perf_counter() - start,
@@ -489,12 +528,13 @@ def paint(args) -> int:
     return 0
 
 
-def paint_results() -> dict | None:
+def paint_results(base: str | None = None) -> dict | None:
     """{"config", "features": [{block, feature, label, card_causal_label}], "scores": {steps: {strength: {block:
-    {feature: {causal_label, causal_label_before, causal_label_n, preservation}}}}}} from the paint runs, or None.
-    Every step count must have been run with the same features, scenes and seed."""
+    {feature: {causal_label, causal_label_before, causal_label_n, preservation}}}}}} from the paint runs, or None;
+    with ``base`` also the base model's run, under its column name ("base, 30 steps, CFG 5"). Every step count
+    must have been run with the same features, scenes and seed."""
     root = RUN_ROOT / "paint"
-    files = sorted(root.glob("steps*/*.json"))
+    files = sorted(root.glob("steps*/*.json")) + (sorted(root.glob("base/*.json")) if base else [])
     if not files:
         return None
     scores: dict = {}
@@ -509,7 +549,8 @@ def paint_results() -> dict | None:
             raise ValueError(f"{_shown(path)} was painted with {common}, others with {shared}: run "
                              "`python -m experiments.step_transfer paint` again with one setting")
         block = config["block"]
-        scores.setdefault(str(config["steps"]), {}).setdefault(f"{config['strength']:g}", {})[block] = {
+        column = config.get("column", str(config["steps"]))  # the base model's: "base, 30 steps, CFG 5"
+        scores.setdefault(column, {}).setdefault(f"{config['strength']:g}", {})[block] = {
             f: {k: v for k, v in entry.items() if k not in ("label", "card_causal_label")}
             for f, entry in data["scores"].items()}
         for f, entry in data["scores"].items():
@@ -517,7 +558,8 @@ def paint_results() -> dict | None:
                                          "card_causal_label": entry["card_causal_label"]}
     grid = {(s, st, b, f) for s, by_strength in scores.items() for st, by_block in by_strength.items()
             for b, by_feature in by_block.items() for f in by_feature}
-    steps, strengths = sorted(scores, key=int), sorted({st for v in scores.values() for st in v}, key=float)
+    steps = sorted(scores, key=lambda column: (not column.isdigit(), int(column) if column.isdigit() else 0, column))
+    strengths = sorted({st for v in scores.values() for st in v}, key=float)
     missing = [(s, st, b, str(f)) for s in steps for st in strengths for (b, f) in features
                if (s, st, b, str(f)) not in grid]
     if missing:
@@ -525,13 +567,16 @@ def paint_results() -> dict | None:
                          f"missing, e.g. {missing[0]}): run `python -m experiments.step_transfer paint` to the end")
     ordered = sorted(features.values(), key=lambda e: (PAINT_BLOCKS.index(e["block"]) if e["block"] in PAINT_BLOCKS
                                                        else len(PAINT_BLOCKS), e["label"], e["feature"]))
-    return {"config": shared | {"steps": [int(s) for s in steps], "strengths": [float(st) for st in strengths]},
+    counts = {"steps": [int(s) for s in steps if s.isdigit()]} | ({"base": [s for s in steps if not s.isdigit()]}
+                                                                  if not all(s.isdigit() for s in steps) else {})
+    return {"config": shared | counts | {"strengths": [float(st) for st in strengths]},
             "features": ordered,
             "scores": {s: {st: scores[s][st] for st in strengths} for s in steps}}
 
 
 def _steps_name(steps: str) -> str:
-    return f"{steps} step{'s' if steps != '1' else ''}"
+    """A column of the causal tables: a step count of the toy ("2 steps"), or the base model's own name."""
+    return f"{steps} step{'s' if steps != '1' else ''}" if steps.isdigit() else steps
 
 
 def paint_summary_table(data: dict) -> str:
@@ -655,8 +700,8 @@ def collect_results(base: str | None = None) -> dict:
     data["update_drift"] = _drifts(data["blocks"])
     cost_path = RUN_ROOT / "base_step_cost.json"
     data["base_step_cost"] = json.loads(cost_path.read_text()) if cost_path.exists() else None
-    data["causal"] = causal_results()
-    data["paint"] = paint_results()
+    data["causal"] = causal_results(base)
+    data["paint"] = paint_results(base)
     return data
 
 
@@ -742,8 +787,8 @@ def quality_table(data: dict) -> str:
 def causal_table(data: dict) -> str:
     causal = data["causal"]
     steps = list(causal)
-    lines = ["| category | edit | " + " | ".join(f"{s} step{'s' if s != '1' else ''}: success / preservation"
-                                                 for s in steps) + " |", "|---|---|" + "---:|" * len(steps)]
+    lines = ["| category | edit | " + " | ".join(f"{_steps_name(s)}: success / preservation" for s in steps) + " |",
+             "|---|---|" + "---:|" * len(steps)]
     for label in [k for k in causal[steps[0]] if k != "failed"]:
         for category in causal[steps[0]][label]:
             cells = [causal[s][label][category] for s in steps]
@@ -760,6 +805,13 @@ def cost_line(data: dict) -> str:
             f"encoders and UNet forward and backward): {cost['step_s']:.2f} s, median of {cost['steps_timed']}, "
             f"{cost['threads']} thread(s), load average {cost['load_average_1min']:.1f} on {cost['cpu_count']} cores "
             "(`python -m experiments.step_transfer cost`).\n")
+
+
+def _on_base(columns) -> str:
+    """The causal paragraphs' note on the base model's column, when it has one."""
+    base = [c for c in columns if c != "failed" and not c.isdigit()]
+    return (f", and on the multi-step base model ({base[0]}), which generates with its own weights, steps and "
+            "guidance; the edits act on both halves of its guidance batch") if base else ""
 
 
 def markdown(data: dict) -> str:
@@ -783,8 +835,9 @@ def markdown(data: dict) -> str:
             f"positions:\n\n" + agreement_table(data)
             + ("" if not data.get("causal") else
                f"\nRIEBench's shapes suite with the shipped 1-step SAEs (method sae, static, k_trans {CAUSAL_K_TRANS}, "
-               f"through {', '.join(CAUSAL_BLOCKS)}), the same tasks generated and edited at 1, 2 and 4 steps "
-               "(`python -m experiments.step_transfer causal`):\n\n" + causal_table(data))
+               f"through {', '.join(CAUSAL_BLOCKS)}), the same tasks generated and edited at 1, 2 and 4 steps"
+               + _on_base(data["causal"]) + " (`python -m experiments.step_transfer causal`):\n\n"
+               + causal_table(data))
             + ("" if not data.get("paint") else
                f"\nPainted labels with the shipped 1-step SAEs (`saes causal`'s measurement, "
                f"`saes.causal.causal_label_scores`): per block of the RIEBench edits and label of "
@@ -792,7 +845,8 @@ def markdown(data: dict) -> str:
                f"target object of {data['paint']['config']['scenes']} held-out scenes (seed "
                f"{data['paint']['config']['seed']}; not the scenes of the cards' 1-step scores, seed 21, which chose "
                f"the features) at strength s x its mean activation; the same scenes and seeds generated and edited "
-               f"at 1, 2 and 4 steps (`python -m experiments.step_transfer paint`). Label read: share of scenes "
+               f"at 1, 2 and 4 steps{_on_base(data['paint']['scores'])} (`python -m experiments.step_transfer "
+               f"paint`). Label read: share of scenes "
                f"where the world's probe reads the label on the edited object (before: on the unedited image); "
                f"preservation: share of what the edit should not touch (background, other objects, the object's "
                f"other attributes, no new object) read as on the unedited image:\n\n" + paint_summary_table(data)
@@ -863,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
     paint_parser.add_argument("--strength", type=float, nargs="+", default=list(PAINT_STRENGTHS),
                               help="strengths, x the feature's mean activation")
     paint_parser.set_defaults(run=paint)
-    for sub in (run_parser, report_parser):
+    for sub in (run_parser, report_parser, causal_parser, paint_parser):
         sub.add_argument("--base", default=None, metavar="DIR",
                          help="also measure this multi-step model of the toy's architecture (a toy-base pipeline "
                               "saved by `python -m zoo train t2i --objective v_prediction`) at its steps and "
@@ -872,6 +926,12 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--out", default=_shown(RUN_ROOT), help="the run directory")
         sub.add_argument("--results", default=_shown(RESULTS), help="where the JSON and markdown tables go")
     args = parser.parse_args(argv)
+    if getattr(args, "base", None):  # a wrong --base is one line, before any work
+        try:
+            base_sampling(args.base)
+        except (OSError, ValueError) as err:
+            print(f"error: --base: {err}", file=sys.stderr)
+            return 2
     return args.run(args)
 
 

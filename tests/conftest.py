@@ -26,3 +26,22 @@ def toy_t2i():
     from interp.models import load_t2i
 
     return load_t2i("toy", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_toy_base(tmp_path_factory):
+    """A toy-base recipe run at tiny size (2 UNet steps, v prediction, 3 sampling steps with guidance 2): the run
+    directory; its saved pipeline is `<run>/pipeline`. Trained once per session (tests/test_t2i_recipe.py checks
+    what it saves; tests/test_step_transfer.py measures on it)."""
+    import argparse
+
+    from zoo import t2i_recipe
+
+    run = tmp_path_factory.mktemp("toy-base")
+    parser = argparse.ArgumentParser()
+    t2i_recipe.add_arguments(parser)
+    t2i_recipe.main(parser.parse_args(
+        ["--out", str(run), "--scenes", "32", "--vae-steps", "2", "--decoder-steps", "2", "--unet-steps", "2",
+         "--batch", "4", "--checkpoint-every", "2", "--probe-every", "0", "--threads", "1",
+         "--objective", "v_prediction", "--sampling-steps", "3", "--guidance", "2"]))
+    return run

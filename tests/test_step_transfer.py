@@ -1,5 +1,7 @@
 """The step-transfer experiment's measuring functions on inputs whose answer is known."""
 
+import json
+
 import pytest
 import torch
 
@@ -147,3 +149,57 @@ def test_painted_labels_run_at_each_step_count_resume_and_fold_into_the_report(t
                                    originals=originals, preservation=True)[feature]
     assert [key[-1] for key in originals] == [2]  # the unedited generations were made at 2 steps
     assert unedited["causal_label"] == unedited["causal_label_before"] and unedited["preservation"] == 1.0
+
+
+def test_the_causal_side_runs_on_a_base_model_at_its_own_steps_and_guidance(tmp_path, monkeypatch, capsys,
+                                                                             tiny_toy_base):
+    """Issue 33's causal side on the base model: `causal --base` and `paint --base` run RIEBench's edits and the
+    painted labels with the 1-step SAEs on the base model's generations, at the steps and guidance of its
+    recipe.json (3 steps, CFG 2 here), resumable, and the report reads them as a column of their own."""
+    import experiments.step_transfer as st
+    from saes.library import FeatureLibrary
+
+    library = FeatureLibrary.for_model("toy")
+    block = "up_blocks.1.attentions.1"
+    if library is None or block not in library.blocks:
+        pytest.skip("needs the SAEs shipped for the toy model")
+    monkeypatch.setattr(st, "RUN_ROOT", st.RUN_ROOT)  # the commands set the module's run directory
+    base = str(tiny_toy_base / "pipeline")
+    column = "base, 3 steps, CFG 2"
+    assert st.base_column(base) == column
+
+    assert st.main(["causal", "--base", base, "--limit", "1", "--out", str(tmp_path)]) == 0
+    run = json.loads((tmp_path / "riebench" / "base" / "run.json").read_text())
+    assert run["run"]["model"] == base and run["run"]["steps"] == 3
+    causal = st.causal_results(base)
+    assert list(causal) == ["1", "2", "4", column] and causal[column]["failed"] == 0
+    for label, categories in causal[column].items():
+        if label != "failed":
+            assert set(categories) == {"change colour", "change texture", "change shape"}
+            assert all(c["n"] == 1 and 0 <= c["success"] <= 1 for c in categories.values())
+    assert list(st.causal_results()) == ["1", "2", "4"]  # without --base, the toy's columns only
+    assert f"| {column}: success / preservation |" in st.causal_table({"causal": causal})
+
+    argv = ["paint", "--base", base, "--block", block, "--scenes", "1", "--steps", "1", "--strength", "3",
+            "--out", str(tmp_path)]
+    assert st.main(argv) == 0
+    assert capsys.readouterr().out.count("painting ") == 2  # the toy at 1 step, then the base model
+    painted = json.loads((tmp_path / "paint" / "base" / f"{block}-s3.json").read_text())
+    assert (painted["config"]["steps"], painted["config"]["column"]) == (3, column)
+    assert st.main(argv) == 0 and "painting " not in capsys.readouterr().out  # resumed
+    results = st.paint_results(base)
+    assert list(results["scores"]) == ["1", column] and results["config"]["base"] == [column]
+    assert f"| 3 | {column} |" in st.paint_summary_table({"paint": results})
+    assert list(st.paint_results()["scores"]) == ["1"]
+    assert column in st._on_base(results["scores"]) and st._on_base({"1": {}, "2": {}}) == ""
+
+
+def test_a_one_step_model_or_a_directory_without_a_recipe_is_refused_as_the_base_in_one_line(tmp_path, capsys):
+    import experiments.step_transfer as st
+    from zoo import WEIGHTS_DIR
+
+    assert st.main(["causal", "--base", str(WEIGHTS_DIR / "t2i"), "--out", str(tmp_path)]) == 2
+    assert "one-step objective" in capsys.readouterr().err
+    assert st.main(["paint", "--base", str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
+    assert "has no recipe.json" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

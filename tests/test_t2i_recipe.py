@@ -229,7 +229,8 @@ def test_each_objective_targets_a_quantity_from_which_the_clean_latent_is_recove
     assert torch.allclose(recovered, x0, atol=1e-4)
 
 
-def test_a_base_model_recipe_saves_a_multi_step_cfg_pipeline_and_a_one_step_model_starts_from_it(tmp_path):
+def test_a_base_model_recipe_saves_a_multi_step_cfg_pipeline_and_a_one_step_model_starts_from_it(tmp_path,
+                                                                                                 tiny_toy_base):
     """`--objective v_prediction` (toy-base): a tiny run trains, saves a pipeline whose scheduler reads v, with its
     sampling defaults in recipe.json, that generates at those steps with classifier-free guidance (the U-Net batch
     holds both halves); `--init-from` starts a one-step model from its UNet and text encoders."""
@@ -238,8 +239,8 @@ def test_a_base_model_recipe_saves_a_multi_step_cfg_pipeline_and_a_one_step_mode
     from interp.hooks.diffusion import capture_updates
     from interp.models import load_t2i
 
-    base = tmp_path / "base"
-    train(base, 2, "--objective", "v_prediction", "--sampling-steps", "3", "--guidance", "2")
+    base = tiny_toy_base  # trained by `train(base, 2, "--objective", "v_prediction", "--sampling-steps", "3",
+                          # "--guidance", "2")`, once for the session (tests/conftest.py)
     recipe = json.loads((base / "pipeline" / "recipe.json").read_text())
     assert (recipe["objective"], recipe["sampling_steps"], recipe["guidance"]) == ("v_prediction", 3, 2.0)
     assert recipe["empty_prompt_share"] == 0.1  # prompt dropout for the unconditional half
