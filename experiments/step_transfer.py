@@ -567,8 +567,8 @@ def paint_results(base: str | None = None) -> dict | None:
                          f"missing, e.g. {missing[0]}): run `python -m experiments.step_transfer paint` to the end")
     ordered = sorted(features.values(), key=lambda e: (PAINT_BLOCKS.index(e["block"]) if e["block"] in PAINT_BLOCKS
                                                        else len(PAINT_BLOCKS), e["label"], e["feature"]))
-    counts = {"steps": [int(s) for s in steps if s.isdigit()]} | ({"base": [s for s in steps if not s.isdigit()]}
-                                                                  if not all(s.isdigit() for s in steps) else {})
+    base_columns = [s for s in steps if not s.isdigit()]
+    counts = {"steps": [int(s) for s in steps if s.isdigit()]} | ({"base": base_columns} if base_columns else {})
     return {"config": shared | counts | {"strengths": [float(st) for st in strengths]},
             "features": ordered,
             "scores": {s: {st: scores[s][st] for st in strengths} for s in steps}}
@@ -808,8 +808,8 @@ def cost_line(data: dict) -> str:
 
 
 def _on_base(columns) -> str:
-    """The causal paragraphs' note on the base model's column, when it has one."""
-    base = [c for c in columns if c != "failed" and not c.isdigit()]
+    """The causal paragraphs' note on the base model's column (a results dict's keys), when it has one."""
+    base = [c for c in columns if not c.isdigit()]
     return (f", and on the multi-step base model ({base[0]}), which generates with its own weights, steps and "
             "guidance; the edits act on both halves of its guidance batch") if base else ""
 
