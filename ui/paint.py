@@ -145,8 +145,9 @@ class PaintTab:
         with self.bench.interruptible(request, "paint", progress):
             image = self.bench.t2i.generate(prompt, steps=steps, seed=seed)[0]
         big = image.resize((image.width * 4, image.height * 4), 0)
+        shown = prompt if len(prompt) <= 80 else prompt[:77] + "..."
         return ({"background": big, "layers": [], "composite": big},
-                f"Loaded {prompt!r} ({steps} step{'s' * (steps != 1)}, seed {seed}): paint the region, then Apply.")
+                f"Loaded {shown!r} ({steps} step{'s' * (steps != 1)}, seed {seed}): paint the region, then Apply.")
 
     @user_errors
     def paint_canvas_if_empty(self, prompt: str, steps: float, seed: float, region, request: gr.Request = None,
