@@ -54,38 +54,55 @@ class Setting:
     steps: int
     guidance: float = 0.0
     half: str = "cond"
-    model: str = MODEL  # another model of the toy's architecture (a `toy-base` pipeline directory, `--base`)
+    model: str = MODEL  # another model of the toy's architecture (`toy-base` or a recipe's pipeline, `--base`)
 
     @property
     def slug(self) -> str:
-        prefix = "" if self.model == MODEL else Path(self.model).resolve().parent.name + "-"
+        prefix = "" if self.model == MODEL else _model_name(self.model) + "-"
         return f"{prefix}steps{self.steps}-g{self.guidance:g}-{self.half}"
 
 
-def base_sampling(directory: str) -> tuple[int, float]:
+def _model_directory(model: str) -> Path:
+    """Where a model's pipeline lies: an embedded name's weights (`toy-base`), or the directory itself."""
+    from interp.models.t2i import KNOWN_MODELS
+
+    return Path(KNOWN_MODELS[model].source) if model in KNOWN_MODELS else Path(model)
+
+
+def _model_name(model: str) -> str:
+    """A short name for file names: the embedded name, or the run's name for a recipe's `<run>/pipeline`."""
+    from interp.models.t2i import KNOWN_MODELS
+
+    if model in KNOWN_MODELS:
+        return model
+    directory = Path(model).resolve()
+    return directory.parent.name if directory.name == "pipeline" else directory.name
+
+
+def base_sampling(model: str) -> tuple[int, float]:
     """The multi-step base model's own steps and guidance (its recipe.json); refused for a one-step model."""
-    recipe_path = Path(directory) / "recipe.json"
+    recipe_path = _model_directory(model) / "recipe.json"
     if not recipe_path.exists():
-        raise ValueError(f"{directory} has no recipe.json: --base wants a pipeline saved by "
+        raise ValueError(f"{model} has no recipe.json: --base wants `toy-base` or a pipeline saved by "
                          "`python -m zoo train t2i --objective v_prediction`")
     recipe = json.loads(recipe_path.read_text())
     if recipe.get("objective", "sample") == "sample":
-        raise ValueError(f"{directory} was trained with the one-step objective; --base wants a multi-step model "
+        raise ValueError(f"{model} was trained with the one-step objective; --base wants a multi-step model "
                          "(`python -m zoo train t2i --objective v_prediction`)")
     return int(recipe.get("sampling_steps", 1)), float(recipe.get("guidance", 0.0))
 
 
-def base_column(directory: str) -> str:
+def base_column(model: str) -> str:
     """How the tables name the base model's generations: "base, 30 steps, CFG 5"."""
-    steps, guidance = base_sampling(directory)
+    steps, guidance = base_sampling(model)
     return f"base, {steps} steps" + (f", CFG {guidance:g}" if guidance > 1 else "")
 
 
-def base_settings(directory: str) -> dict[str, Setting]:
+def base_settings(model: str) -> dict[str, Setting]:
     """The multi-step base model's settings (both CFG halves at its own steps and guidance, from its recipe.json)."""
-    steps, guidance = base_sampling(directory)
+    steps, guidance = base_sampling(model)
     halves = ("cond", "uncond") if guidance > 1 else ("cond",)
-    return {f"base, {steps} steps, CFG {guidance:g}, {half}": Setting(steps, guidance, half, str(directory))
+    return {f"base, {steps} steps, CFG {guidance:g}, {half}": Setting(steps, guidance, half, str(model))
             for half in halves}
 
 
@@ -422,7 +439,7 @@ def causal(args) -> int:
 
 def causal_results(base: str | None = None) -> dict | None:
     """{steps: {config label: {category: {success, preservation, n}}}} from the causal runs, or None; with
-    ``base`` (a toy-base directory) and its run done, also {base_column(base): ...}."""
+    ``base`` (`toy-base` or a recipe's pipeline) and its run done, also {base_column(base): ...}."""
     from riebench.runner import load_results
 
     out = {}
@@ -697,6 +714,8 @@ def collect_results(base: str | None = None) -> dict:
         raise FileNotFoundError("runs/step_transfer/measured/ is empty: run `python -m experiments.step_transfer run`")
     data["config"] = cfg
     data["scheduler"] = _scheduler_note()
+    if base:
+        data["base"] = {"model": base, "column": base_column(base), "scheduler": _scheduler_note(base)}
     data["update_drift"] = _drifts(data["blocks"])
     cost_path = RUN_ROOT / "base_step_cost.json"
     data["base_step_cost"] = json.loads(cost_path.read_text()) if cost_path.exists() else None
@@ -718,8 +737,8 @@ def _drifts(blocks) -> dict:
     return out
 
 
-def _scheduler_note() -> dict:
-    config = json.loads((REPO / "zoo" / "weights" / "t2i" / "scheduler" / "scheduler_config.json").read_text())
+def _scheduler_note(model: str = MODEL) -> dict:
+    config = json.loads((_model_directory(model) / "scheduler" / "scheduler_config.json").read_text())
     return {k: config[k] for k in ("_class_name", "prediction_type", "timestep_spacing", "rescale_betas_zero_snr")}
 
 
@@ -727,10 +746,24 @@ def _f(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _later_steps(entry: dict, key: str) -> float | None:
-    """The mean over the steps after the first (the first is the 1-step call itself) of an agreement figure."""
-    values = [a[key] for a in entry["agreement_per_step"][1:] if a[key] is not None]
+def _on_toy(data: dict, name: str) -> bool:
+    """Whether a setting generates with the toy itself (not with the base model of `--base`)."""
+    return data["settings"][name]["model"] == data["model"]
+
+
+def _compared_steps(entry: dict, key: str, skip_first: bool = True) -> float | None:
+    """The mean of an agreement figure over the compared steps: on the toy, the steps after the first (the first is
+    the 1-step call itself); on the base model, every step (its first call is its own weights' on the same noise)."""
+    values = [a[key] for a in entry["agreement_per_step"][1 if skip_first else 0:] if a[key] is not None]
     return float(np.mean(values)) if values else None
+
+
+MAX_STEPS_SHOWN = 8
+
+
+def _shown_steps(n: int) -> list[int]:
+    """The steps (0-based) a per-step cell shows: all of a short setting's, eight spread evenly over a long one's."""
+    return list(range(n)) if n <= MAX_STEPS_SHOWN else sorted({round(i) for i in np.linspace(0, n - 1, MAX_STEPS_SHOWN)})
 
 
 def reconstruction_table(data: dict) -> str:
@@ -751,28 +784,33 @@ def per_step_table(data: dict) -> str:
              "|---|---|---|---|---|"]
     for block, settings in data["blocks"].items():
         for name, entry in settings.items():
-            if len(entry["shipped"]["per_step"]) == 1:
+            n = len(entry["shipped"]["per_step"])
+            if n == 1:
                 continue
-            lines.append(f"| {block} | {name} | " + " / ".join(_f(d, 3) for d in data["update_drift"][block][name])
-                         + " | " + " / ".join(_f(m["explained_variance"], 2) for m in entry["shipped"]["per_step"])
-                         + " | " + " / ".join(_f(m["explained_variance"], 2) for m in entry["ceiling"]["per_step"]) + " |")
+            shown = _shown_steps(n)
+            label = name if len(shown) == n else f"{name} (steps {', '.join(str(i + 1) for i in shown)})"
+            drift = data["update_drift"][block][name]
+            lines.append(f"| {block} | {label} | " + " / ".join(_f(drift[i], 3) for i in shown)
+                         + " | " + " / ".join(_f(entry["shipped"]["per_step"][i]["explained_variance"], 2) for i in shown)
+                         + " | " + " / ".join(_f(entry["ceiling"]["per_step"][i]["explained_variance"], 2) for i in shown)
+                         + " |")
     return "\n".join(lines) + "\n"
 
 
 def agreement_table(data: dict) -> str:
-    lines = ["| block | setting | correlation (last step) | shipped: correlation, steps > 1 | random | "
-             "top-k overlap, steps > 1 | random | active-set Jaccard, steps > 1 | random | features |",
+    lines = ["| block | setting | correlation (last step) | shipped: correlation, compared steps | random | "
+             "top-k overlap, compared steps | random | active-set Jaccard, compared steps | random | features |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for block, settings in data["blocks"].items():
         for name, entry in settings.items():
             if name == REFERENCE:
                 continue
             s, r = entry["shipped"], entry["random"]
+            skip = _on_toy(data, name)
+            cells = [_f(_compared_steps(e, key, skip)) for key in ("correlation", "top_k_overlap", "active_jaccard")
+                     for e in (s, r)]
             lines.append(f"| {block} | {name} | {_f(s['agreement_per_step'][-1]['correlation'])} | "
-                         f"{_f(_later_steps(s, 'correlation'))} | {_f(_later_steps(r, 'correlation'))} | "
-                         f"{_f(_later_steps(s, 'top_k_overlap'))} | {_f(_later_steps(r, 'top_k_overlap'))} | "
-                         f"{_f(_later_steps(s, 'active_jaccard'))} | {_f(_later_steps(r, 'active_jaccard'))} | "
-                         f"{s['agreement_per_step'][0]['features_compared']} |")
+                         + " | ".join(cells) + f" | {s['agreement_per_step'][0]['features_compared']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -814,12 +852,19 @@ def _on_base(columns) -> str:
             "guidance; the edits act on both halves of its guidance batch") if base else ""
 
 
+def _scheduler_text(note: dict) -> str:
+    return (f"{note['_class_name']} ({note['timestep_spacing']} timesteps, prediction {note['prediction_type']}, "
+            f"zero terminal SNR {note['rescale_betas_zero_snr']})")
+
+
 def markdown(data: dict) -> str:
     cfg = data["config"]
-    return (f"## Step transfer: the shipped 1-step SAEs of `{data['model']}` at 1, 2 and 4 steps\n\n"
-            f"Scheduler: {data['scheduler']['_class_name']} ({data['scheduler']['timestep_spacing']} timesteps, "
-            f"prediction {data['scheduler']['prediction_type']}, zero terminal SNR "
-            f"{data['scheduler']['rescale_betas_zero_snr']}); one U-Net call per step. {cfg['n_eval']} held-out "
+    base = data.get("base")
+    on_base = "" if not base else f", and on the multi-step base model `{base['model']}` ({base['column']})"
+    return (f"## Step transfer: the shipped 1-step SAEs of `{data['model']}` at 1, 2 and 4 steps{on_base}\n\n"
+            f"Scheduler: {_scheduler_text(data['scheduler'])}"
+            + ("" if not base else f"; the base model's: {_scheduler_text(base['scheduler'])}")
+            + f"; one U-Net call per step. {cfg['n_eval']} held-out "
             f"captions, one seed each. Ceiling: TopK SAE of the shipped size trained {cfg['ceiling_steps']} steps of "
             f"{cfg['ceiling_batch']} vectors on that setting's updates of {cfg['n_train']} other captions. Floor: "
             f"random unit directions, encoder = decoder transposed, the shipped k and centre.\n\n"
@@ -828,11 +873,16 @@ def markdown(data: dict) -> str:
             "never fire on these vectors):\n\n" + reconstruction_table(data)
             + "\nAt each denoising step (first / second / ...): how far the block's updates moved from the 1-step "
             "run's on the same caption, seed and position (squared distance over the 1-step updates' variance: 0 the "
-            "same, about 2 unrelated), and the explained variance:\n\n" + per_step_table(data)
+            f"same, about 2 unrelated), and the explained variance"
+            + ("" if not base else f" (of a setting of more than {MAX_STEPS_SHOWN} steps, {MAX_STEPS_SHOWN} steps "
+                                   "spread evenly, named in its row)")
+            + ":\n\n" + per_step_table(data)
             + f"\nFeature agreement with the 1-step run (same caption, seed and position). The first step of every "
-            f"setting is the 1-step call itself (agreement 1), so the columns average the steps after it; features: "
-            f"those firing on >= {cfg['min_firing']} positions of the 1-step run; top-k: k = {cfg['top_k']} "
-            f"positions:\n\n" + agreement_table(data)
+            f"setting of the toy is the 1-step call itself (agreement 1), so its columns average the steps after it"
+            + ("" if not base else "; the base model's first call is its own weights' on the same noise, so its "
+                                   "columns average every step")
+            + f"; features: those firing on >= {cfg['min_firing']} positions of the 1-step run; top-k: k = "
+            f"{cfg['top_k']} positions:\n\n" + agreement_table(data)
             + ("" if not data.get("causal") else
                f"\nRIEBench's shapes suite with the shipped 1-step SAEs (method sae, static, k_trans {CAUSAL_K_TRANS}, "
                f"through {', '.join(CAUSAL_BLOCKS)}), the same tasks generated and edited at 1, 2 and 4 steps"
@@ -918,10 +968,10 @@ def main(argv: list[str] | None = None) -> int:
                               help="strengths, x the feature's mean activation")
     paint_parser.set_defaults(run=paint)
     for sub in (run_parser, report_parser, causal_parser, paint_parser):
-        sub.add_argument("--base", default=None, metavar="DIR",
-                         help="also measure this multi-step model of the toy's architecture (a toy-base pipeline "
-                              "saved by `python -m zoo train t2i --objective v_prediction`) at its steps and "
-                              "guidance, both CFG halves")
+        sub.add_argument("--base", default=None, metavar="MODEL",
+                         help="also measure this multi-step model of the toy's architecture (`toy-base`, or a "
+                              "pipeline saved by `python -m zoo train t2i --objective v_prediction`) at its steps "
+                              "and guidance, both CFG halves")
     for sub in (run_parser, report_parser, cost_parser, causal_parser, paint_parser):
         sub.add_argument("--out", default=_shown(RUN_ROOT), help="the run directory")
         sub.add_argument("--results", default=_shown(RESULTS), help="where the JSON and markdown tables go")

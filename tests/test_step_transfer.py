@@ -198,8 +198,20 @@ def test_a_one_step_model_or_a_directory_without_a_recipe_is_refused_as_the_base
     import experiments.step_transfer as st
     from zoo import WEIGHTS_DIR
 
-    assert st.main(["causal", "--base", str(WEIGHTS_DIR / "t2i"), "--out", str(tmp_path)]) == 2
-    assert "one-step objective" in capsys.readouterr().err
+    for one_step in (str(WEIGHTS_DIR / "t2i"), "toy"):  # by directory or by its embedded name
+        assert st.main(["causal", "--base", one_step, "--out", str(tmp_path)]) == 2
+        assert "one-step objective" in capsys.readouterr().err
     assert st.main(["paint", "--base", str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
     assert "has no recipe.json" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_the_files_of_a_base_setting_are_named_by_its_model_given_by_name_or_by_the_recipes_run_directory(tmp_path):
+    """The captures and ceilings of a base model's settings live under a short, stable name: the embedded name
+    (`toy-base`), or the run's for a recipe's `<run>/pipeline`, never the name of a directory above it."""
+    import experiments.step_transfer as st
+
+    assert st.Setting(4, 5.0, "uncond").slug == "steps4-g5-uncond"
+    assert st.Setting(30, 5.0, "cond", "toy-base").slug == "toy-base-steps30-g5-cond"
+    assert st.Setting(30, 5.0, "cond", str(tmp_path / "t2i-base" / "pipeline")).slug == "t2i-base-steps30-g5-cond"
+    assert st.Setting(30, 5.0, "cond", str(tmp_path / "my-base")).slug == "my-base-steps30-g5-cond"
