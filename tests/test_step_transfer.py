@@ -215,3 +215,29 @@ def test_the_files_of_a_base_setting_are_named_by_its_model_given_by_name_or_by_
     assert st.Setting(30, 5.0, "cond", "toy-base").slug == "toy-base-steps30-g5-cond"
     assert st.Setting(30, 5.0, "cond", str(tmp_path / "t2i-base" / "pipeline")).slug == "t2i-base-steps30-g5-cond"
     assert st.Setting(30, 5.0, "cond", str(tmp_path / "my-base")).slug == "my-base-steps30-g5-cond"
+
+
+def test_the_tables_average_the_base_models_every_step_and_show_eight_of_its_thirty():
+    """On the toy, a setting's first call is the 1-step call itself (agreement 1 by construction), so the agreement
+    columns leave it out; the base model's first call is its own weights', so it counts. A 30-step setting's per-step
+    cells show 8 steps, spread evenly and named in the row."""
+    import experiments.step_transfer as st
+
+    def entry(steps, first):
+        agreement = [{"correlation": first if s == 0 else 0.5, "top_k_overlap": 0.5, "active_jaccard": 0.5,
+                      "features_compared": 10} for s in range(steps)]
+        per_step = [{"explained_variance": 0.9 - 0.01 * s} for s in range(steps)]
+        return {kind: {"per_step": per_step, "agreement_per_step": agreement} for kind in ("shipped", "random", "ceiling")}
+
+    data = {"model": "toy",
+            "settings": {"1 step": {"model": "toy"}, "4 steps": {"model": "toy"}, "base": {"model": "toy-base"}},
+            "blocks": {"b": {"1 step": entry(1, 1.0), "4 steps": entry(4, 1.0), "base": entry(30, 0.1)}},
+            "update_drift": {"b": {"1 step": [0.0], "4 steps": [0.0] * 4, "base": [1.0] * 30}}}
+    rows = {line.split(" | ")[1]: line for line in st.agreement_table(data).splitlines()[2:]}
+    assert rows["4 steps"].split(" | ")[3] == "0.500"  # its first step (1.0) left out
+    assert rows["base"].split(" | ")[3] == f"{(0.1 + 29 * 0.5) / 30:.3f}"  # every step of the base model
+    per_step = st.per_step_table(data).splitlines()
+    base_row = next(line for line in per_step if "base" in line)
+    assert "base (steps 1, 5, 9, 13, 18, 22, 26, 30)" in base_row
+    assert base_row.split(" | ")[3] == " / ".join(f"{0.9 - 0.01 * s:.2f}" for s in (0, 4, 8, 12, 17, 21, 25, 29))
+    assert "| b | 4 steps | 0.000 / 0.000 / 0.000 / 0.000 |" in per_step[2]
