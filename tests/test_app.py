@@ -624,10 +624,13 @@ def test_browser_runs_a_few_vcl_steps_and_cancels_cleanly(page):
     open_tab(page, "VCL fine-tuning")
     page.locator("#vcl-steps input").fill("400")
     page.locator("#vcl-eval input").fill("2")
+    # Cancel in view before the run starts: while the live curves redraw on a loaded machine, a scroll can wait
+    # on the renderer longer than a click's 30 s (seen once with a training job beside the suite)
+    page.locator("#vcl-cancel").scroll_into_view_if_needed()
     page.locator("#vcl-run").click()
     wait_until(page, "(m => m !== null && Number(m[1]) >= 3)"
                "(document.querySelector('#vcl-status').innerText.match(/step (\\d+) of 400/))", 90_000, "#vcl-status")
-    page.locator("#vcl-cancel").click()
+    page.locator("#vcl-cancel").click(timeout=90_000)
     wait_until(page, text_includes("#vcl-status", "Cancelled"), 60_000, "#vcl-status")
     status = page.locator("#vcl-status").inner_text()
     stopped_at = int(status.split("at step ")[1].split(" ")[0])
