@@ -107,14 +107,37 @@ def test_unknown_model_and_missing_or_corrupt_weights_are_named(tmp_path):
         load_t2i("sdxl-turbo", allow_download=False)
 
 
-def test_embedded_weights_are_small_fp16_safetensors():
-    files = [p for p in (WEIGHTS_DIR / "t2i").rglob("*") if p.is_file()]
+@pytest.mark.parametrize("directory", ["t2i", "t2i-base"])
+def test_embedded_weights_are_small_fp16_safetensors(directory):
+    files = [p for p in (WEIGHTS_DIR / directory).rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= 25 * 2**20
     tensors = [p for p in files if p.suffix == ".safetensors"]
     assert len(tensors) == 4 and not any(p.suffix in (".bin", ".pt", ".pth", ".ckpt") for p in files)
     from safetensors import safe_open
     with safe_open(str(tensors[0]), "pt") as f:
         assert str(f.get_tensor(next(iter(f.keys()))).dtype) == "torch.float16"
+
+
+def test_toy_base_is_a_multi_step_v_prediction_model_in_the_toys_latent_space():
+    """Issue 33's base model: sampled in 30 steps with guidance 5 unless asked otherwise, its scheduler reads the
+    U-Net's output as v, and its VAE is the toy's own, so both models' latents and images mean the same."""
+    import torch
+    from safetensors.torch import load_file
+
+    from interp.models.t2i import known_model
+
+    known = known_model("toy-base")
+    assert (known.default_steps, known.default_guidance, known.embedded) == (30, 5.0, True)
+    assert known.blocks == known_model("toy").blocks
+    root = WEIGHTS_DIR / "t2i-base"
+    recipe = json.loads((root / "recipe.json").read_text())
+    assert (recipe["objective"], recipe["sampling_steps"], recipe["guidance"]) == ("v_prediction", 30, 5.0)
+    scheduler = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
+    assert scheduler["prediction_type"] == "v_prediction" and scheduler["rescale_betas_zero_snr"]
+    vae, toy_vae = (load_file(str(next((d / "vae").glob("*.safetensors")))) for d in (root, WEIGHTS_DIR / "t2i"))
+    assert vae.keys() == toy_vae.keys() and all(torch.equal(vae[k], toy_vae[k]) for k in vae)
+    unet, toy_unet = (load_file(str(next((d / "unet").glob("*.safetensors")))) for d in (root, WEIGHTS_DIR / "t2i"))
+    assert unet.keys() == toy_unet.keys() and not torch.equal(unet["conv_in.weight"], toy_unet["conv_in.weight"])
 
 
 def run_cli(*args):

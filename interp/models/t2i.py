@@ -48,6 +48,9 @@ KNOWN_MODELS = {
     # v4 (issue 22): v3 trained with the pooled prompt embedding zero (`--zero-pooled-text`), so the prompt reaches
     # the UNet only through the 8 x 8 cross-attentions
     "toy-v4": KnownModel(str(WEIGHTS_DIR / "t2i-v4"), 1, 0.0, embedded=True, blocks=SDXL_BLOCKS, world="shapes"),
+    # toy-base (issue 33): v1's sizes trained as SDXL base is (`--objective v_prediction`, prompt dropout), sampled in
+    # 30 steps with guidance 5; the toy's VAE, so the two share one latent space (docs/experiments/step-transfer.md)
+    "toy-base": KnownModel(str(WEIGHTS_DIR / "t2i-base"), 30, 5.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     "sdxl-turbo": KnownModel("stabilityai/sdxl-turbo", 1, 0.0),
     "sdxl-base": KnownModel("stabilityai/stable-diffusion-xl-base-1.0", 30, 5.0),
 }
