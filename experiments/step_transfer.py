@@ -1,10 +1,11 @@
-"""Do SAEs trained on one-step block updates work at more steps? (issue 33, part a)
+"""Do SAEs trained on one-step block updates work at more steps, and on a multi-step base model? (issue 33)
 
 The RIEBench paper claims that SAEs trained on SDXL Turbo's 1-step block updates generalise to 4-step Turbo and
 to the multi-step SDXL base model without retraining. This measures the first half on the embedded `toy` (which
 predicts the clean latent, so it runs at any number of steps of its Euler scheduler): the shipped 1-step SAEs
 (`saes/pretrained/toy`) applied to the toy's block updates at 1, 2 and 4 steps, and at 4 steps with classifier-free
-guidance (both halves), on held-out captions of the shapes world.
+guidance (both halves), on held-out captions of the shapes world; and with `--base toy-base` the second half: the
+same SAEs on the embedded multi-step base model's updates at its own 30 steps with guidance 5 (both halves).
 
     python -m experiments.step_transfer run      # resumable: each output under runs/step_transfer/ is skipped when
                                                  # it exists; progress in runs/step_transfer/log.txt
@@ -13,7 +14,8 @@ guidance (both halves), on held-out captions of the shapes world.
     python -m experiments.step_transfer causal   # RIEBench edits with the 1-step SAEs at 1, 2 and 4 steps
     python -m experiments.step_transfer paint    # painted labels (`saes causal`) with them at 1, 2 and 4 steps
     python -m experiments.step_transfer cost     # one toy-base recipe step, timed
-    python -m experiments.step_transfer run --base runs/t2i-base/pipeline   # the multi-step base model too
+    python -m experiments.step_transfer run --base toy-base   # the multi-step base model too (or a recipe's
+                                                               # <run>/pipeline)
     # (causal, paint and report take --base too: the same edits on the base model's generations, at the steps
     # and guidance of its recipe.json, a column of their own)
 
@@ -903,7 +905,8 @@ def markdown(data: dict) -> str:
                + "\nPer feature (card: its stored 1-step score, seed 21, strength 3; each cell: label read / "
                  "preservation):\n\n" + paint_table(data))
             + cost_line(data)
-            + "\nMade by `python -m experiments.step_transfer run`, `causal`, `paint` and `cost` (then `report`).\n")
+            + "\nMade by `python -m experiments.step_transfer run`, `causal`, `paint` and `cost` (then `report`)"
+            + ("" if not base else f", each but `cost` with `--base {base['model']}`") + ".\n")
 
 
 DOCS_PAGE = Path("docs") / "experiments" / "step-transfer.md"

@@ -241,3 +241,12 @@ def test_the_tables_average_the_base_models_every_step_and_show_eight_of_its_thi
     assert "base (steps 1, 5, 9, 13, 18, 22, 26, 30)" in base_row
     assert base_row.split(" | ")[3] == " / ".join(f"{0.9 - 0.01 * s:.2f}" for s in (0, 4, 8, 12, 17, 21, 25, 29))
     assert "| b | 4 steps | 0.000 / 0.000 / 0.000 / 0.000 |" in per_step[2]
+
+
+def test_the_committed_tables_are_what_the_report_renders_from_the_committed_figures():
+    """experiments/results/step_transfer.md is `markdown()` of the JSON beside it: neither was edited by hand."""
+    import experiments.step_transfer as st
+
+    data = json.loads((st.RESULTS / "step_transfer.json").read_text())
+    assert st.markdown(data) == (st.RESULTS / "step_transfer.md").read_text()
+    assert data["base"]["model"] == "toy-base" and "base, 30 steps, CFG 5, cond" in data["settings"]
