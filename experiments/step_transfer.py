@@ -765,7 +765,9 @@ MAX_STEPS_SHOWN = 8
 
 def _shown_steps(n: int) -> list[int]:
     """The steps (0-based) a per-step cell shows: all of a short setting's, eight spread evenly over a long one's."""
-    return list(range(n)) if n <= MAX_STEPS_SHOWN else sorted({round(i) for i in np.linspace(0, n - 1, MAX_STEPS_SHOWN)})
+    if n <= MAX_STEPS_SHOWN:
+        return list(range(n))
+    return sorted({round(i) for i in np.linspace(0, n - 1, MAX_STEPS_SHOWN)})
 
 
 def reconstruction_table(data: dict) -> str:
@@ -792,10 +794,10 @@ def per_step_table(data: dict) -> str:
             shown = _shown_steps(n)
             label = name if len(shown) == n else f"{name} (steps {', '.join(str(i + 1) for i in shown)})"
             drift = data["update_drift"][block][name]
+            ev = {kind: [entry[kind]["per_step"][i]["explained_variance"] for i in shown] for kind in ("shipped", "ceiling")}
             lines.append(f"| {block} | {label} | " + " / ".join(_f(drift[i], 3) for i in shown)
-                         + " | " + " / ".join(_f(entry["shipped"]["per_step"][i]["explained_variance"], 2) for i in shown)
-                         + " | " + " / ".join(_f(entry["ceiling"]["per_step"][i]["explained_variance"], 2) for i in shown)
-                         + " |")
+                         + " | " + " / ".join(_f(v, 2) for v in ev["shipped"])
+                         + " | " + " / ".join(_f(v, 2) for v in ev["ceiling"]) + " |")
     return "\n".join(lines) + "\n"
 
 
