@@ -794,10 +794,10 @@ def per_step_table(data: dict) -> str:
             shown = _shown_steps(n)
             label = name if len(shown) == n else f"{name} (steps {', '.join(str(i + 1) for i in shown)})"
             drift = data["update_drift"][block][name]
-            ev = {kind: [entry[kind]["per_step"][i]["explained_variance"] for i in shown] for kind in ("shipped", "ceiling")}
-            lines.append(f"| {block} | {label} | " + " / ".join(_f(drift[i], 3) for i in shown)
-                         + " | " + " / ".join(_f(v, 2) for v in ev["shipped"])
-                         + " | " + " / ".join(_f(v, 2) for v in ev["ceiling"]) + " |")
+            ev = [" / ".join(_f(entry[kind]["per_step"][i]["explained_variance"], 2) for i in shown)
+                  for kind in ("shipped", "ceiling")]
+            lines.append(f"| {block} | {label} | " + " / ".join(_f(drift[i], 3) for i in shown) + " | "
+                         + " | ".join(ev) + " |")
     return "\n".join(lines) + "\n"
 
 

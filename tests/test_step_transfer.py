@@ -227,7 +227,8 @@ def test_the_tables_average_the_base_models_every_step_and_show_eight_of_its_thi
         agreement = [{"correlation": first if s == 0 else 0.5, "top_k_overlap": 0.5, "active_jaccard": 0.5,
                       "features_compared": 10} for s in range(steps)]
         per_step = [{"explained_variance": 0.9 - 0.01 * s} for s in range(steps)]
-        return {kind: {"per_step": per_step, "agreement_per_step": agreement} for kind in ("shipped", "random", "ceiling")}
+        return {kind: {"per_step": per_step, "agreement_per_step": agreement}
+                for kind in ("shipped", "random", "ceiling")}
 
     data = {"model": "toy",
             "settings": {"1 step": {"model": "toy"}, "4 steps": {"model": "toy"}, "base": {"model": "toy-base"}},
