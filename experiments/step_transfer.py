@@ -18,6 +18,10 @@ same SAEs on the embedded multi-step base model's updates at its own 30 steps wi
                                                                # <run>/pipeline)
     # (causal, paint and report take --base too: the same edits on the base model's generations, at the steps
     # and guidance of its recipe.json, a column of their own)
+    python -m experiments.step_transfer run --model toy-turbo --base toy-base   # the same-lineage pair: the 1-step
+                                                 # SAEs of the one-step model trained from toy-base's weights
+    # (every command takes --model: its figures go to measured-toy-turbo/, riebench-toy-turbo/, paint-toy-turbo/
+    # and experiments/results/step_transfer_toy_turbo.{json,md}; the generations are shared)
 
 Per block and setting: explained variance, L0 and dead fraction of the shipped SAE (per denoising step and over
 all steps), beside a ceiling (a TopK SAE of the shipped size trained on that setting's updates, on other captions)
@@ -43,24 +47,26 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "experiments" / "results"
 RUN_ROOT = REPO / "runs" / "step_transfer"
-MODEL = "toy"
-SAE_ROOT = REPO / "saes" / "pretrained" / "toy"
+DEFAULT_MODEL = "toy"
+MODEL = DEFAULT_MODEL  # the one-step model whose shipped SAEs are tested (`--model`, `use_model`)
+SAE_ROOT = REPO / "saes" / "pretrained" / MODEL
 REFERENCE = "1 step"
 
 
 @dataclass(frozen=True)
 class Setting:
-    """How the toy generates: steps of its Euler scheduler, guidance (> 1: a CFG batch [uncond, cond]) and which
-    half of the U-Net batch is measured."""
+    """How a model generates: steps of its scheduler, guidance (> 1: a CFG batch [uncond, cond]) and which half of
+    the U-Net batch is measured."""
 
     steps: int
     guidance: float = 0.0
     half: str = "cond"
-    model: str = MODEL  # another model of the toy's architecture (`toy-base` or a recipe's pipeline, `--base`)
+    model: str = DEFAULT_MODEL  # a model of the toy's architecture (`--model`; `toy-base` or a pipeline, `--base`)
 
     @property
     def slug(self) -> str:
-        prefix = "" if self.model == MODEL else _model_name(self.model) + "-"
+        """The setting's files under runs/: they hold what the model generated, whichever SAEs are tested on it."""
+        prefix = "" if self.model == DEFAULT_MODEL else _model_name(self.model) + "-"
         return f"{prefix}steps{self.steps}-g{self.guidance:g}-{self.half}"
 
 
@@ -91,6 +97,10 @@ def base_sampling(model: str) -> tuple[int, float]:
     if recipe.get("objective", "sample") == "sample":
         raise ValueError(f"{model} was trained with the one-step objective; --base wants a multi-step model "
                          "(`python -m zoo train t2i --objective v_prediction`)")
+    sizes = json.loads((_model_directory(MODEL) / "recipe.json").read_text())["model"]
+    if recipe["model"] != sizes:
+        raise ValueError(f"{model} has other sizes than {MODEL} (recipe.json's `model`): {MODEL}'s SAEs do not fit "
+                         "its blocks")
     return int(recipe.get("sampling_steps", 1)), float(recipe.get("guidance", 0.0))
 
 
@@ -108,14 +118,42 @@ def base_settings(model: str) -> dict[str, Setting]:
             for half in halves}
 
 
-SETTINGS = {
-    "1 step": Setting(1),
-    "2 steps": Setting(2),
-    "4 steps": Setting(4),
-    # the toy's default is no guidance (as SDXL Turbo's); SDXL base's default guidance is 5
-    "4 steps, CFG 5, cond": Setting(4, 5.0, "cond"),
-    "4 steps, CFG 5, uncond": Setting(4, 5.0, "uncond"),
-}
+def one_step_settings(model: str) -> dict[str, Setting]:
+    """The one-step model's settings: 1, 2 and 4 steps, and 4 steps with guidance 5 (both halves)."""
+    return {"1 step": Setting(1, model=model),
+            "2 steps": Setting(2, model=model),
+            "4 steps": Setting(4, model=model),
+            # the toy's default is no guidance (as SDXL Turbo's); SDXL base's default guidance is 5
+            "4 steps, CFG 5, cond": Setting(4, 5.0, "cond", model),
+            "4 steps, CFG 5, uncond": Setting(4, 5.0, "uncond", model)}
+
+
+SETTINGS = one_step_settings(MODEL)
+
+
+def use_model(model: str) -> None:
+    """Test `model`'s shipped 1-step SAEs (saes/pretrained/<model>, as `saes/pretrained/toy/ship.sh` makes them)
+    instead of the toy's: an embedded one-step model of the toy's architecture (`toy-turbo`, trained from
+    `toy-base`'s weights). Refused in one line otherwise."""
+    from interp.models.t2i import KNOWN_MODELS, TOY_BLOCKS
+
+    global MODEL, SAE_ROOT, SETTINGS
+    known = KNOWN_MODELS.get(model)
+    if known is None or not known.embedded or known.blocks != TOY_BLOCKS or known.default_steps != 1:
+        one_step = [n for n, k in KNOWN_MODELS.items() if k.embedded and k.blocks == TOY_BLOCKS and k.default_steps == 1]
+        raise ValueError(f"{model!r} is not an embedded one-step model of the toy's architecture (one of "
+                         f"{', '.join(one_step)})")
+    root = REPO / "saes" / "pretrained" / model
+    if not root.is_dir():
+        raise ValueError(f"{model} has no shipped SAEs ({_shown(root)}): make them with "
+                         f"`MODEL={model} bash saes/pretrained/toy/ship.sh`")
+    MODEL, SAE_ROOT, SETTINGS = model, root, one_step_settings(model)
+
+
+def _sae_dir(name: str) -> Path:
+    """A run directory of figures that depend on the SAEs tested (measured/, riebench/, paint/): the toy's as they
+    were, another model's with its name, so that both sets of results live side by side under one run root."""
+    return RUN_ROOT / (name if MODEL == DEFAULT_MODEL else f"{name}-{MODEL}")
 
 
 @dataclass(frozen=True)
@@ -317,7 +355,7 @@ def _ceiling_sae(model, blocks: list[str], block: str, setting: Setting, cfg: Ru
                          batch_size=cfg.ceiling_batch, lr=cfg.ceiling_lr,
                          total_tokens=cfg.ceiling_steps * cfg.ceiling_batch, dead_after_tokens=500_000,
                          log_every_steps=100, checkpoint_every_steps=500,
-                         metadata={"hook_name": block, "model_name": MODEL, "store": _shown(store_dir)})
+                         metadata={"hook_name": block, "model_name": setting.model, "store": _shown(store_dir)})
     return train(config, passes(), directory, progress=False).eval()
 
 
@@ -372,7 +410,7 @@ def run(args) -> int:
     _log(f"step transfer on {MODEL}: blocks {', '.join(blocks)}; settings {', '.join(SETTINGS)}")
     truth = ground_truth_for(model)
     updates = _eval_updates(models, blocks, cfg, truth)
-    measured_dir = RUN_ROOT / "measured"
+    measured_dir = _sae_dir("measured")
     for block in blocks:
         path = measured_dir / f"{block}.json"
         kept = json.loads(path.read_text()) if path.exists() else None
@@ -423,7 +461,7 @@ def causal(args) -> int:
              f"{args.limit} tasks each")
         bench = BenchConfig(model=MODEL, categories=list(CAUSAL_CATEGORIES), limit_per_category=args.limit,
                             saes=str(SAE_ROOT), steps=steps, configs=configs)
-        runner = Runner(bench, RUN_ROOT / "riebench" / f"steps{steps}", model=model, progress=False)
+        runner = Runner(bench, _sae_dir("riebench") / f"steps{steps}", model=model, progress=False)
         model = runner.model
         print(runner.run())
     if args.base:  # the same tasks and edits on the base model's generations, at its own steps and guidance
@@ -435,7 +473,7 @@ def causal(args) -> int:
         # the toy's SAEs on another model, on purpose: given loaded, past the runner's check that they were
         # trained on the model they edit (the question here is whether they transfer)
         saes = load_saes(str(SAE_ROOT), list(CAUSAL_BLOCKS))
-        print(Runner(bench, RUN_ROOT / "riebench" / "base", saes=saes, progress=False).run())
+        print(Runner(bench, _sae_dir("riebench") / "base", saes=saes, progress=False).run())
     return 0
 
 
@@ -445,9 +483,9 @@ def causal_results(base: str | None = None) -> dict | None:
     from riebench.runner import load_results
 
     out = {}
-    runs = [(str(steps), RUN_ROOT / "riebench" / f"steps{steps}") for steps in CAUSAL_STEPS]
-    if base and load_results(RUN_ROOT / "riebench" / "base")[0]:
-        runs.append((base_column(base), RUN_ROOT / "riebench" / "base"))
+    runs = [(str(steps), _sae_dir("riebench") / f"steps{steps}") for steps in CAUSAL_STEPS]
+    if base and load_results(_sae_dir("riebench") / "base")[0]:
+        runs.append((base_column(base), _sae_dir("riebench") / "base"))
     for steps, directory in runs:
         done, failed = load_results(directory)
         if not done:
@@ -524,7 +562,7 @@ def paint(args) -> int:
                 features = [f for b, f, _ in chosen if b == block]
                 config = {"steps": steps, "strength": strength, "scenes": args.scenes, "seed": args.seed,
                           "block": block, "features": features, "sae": _shown(Path(args.sae).resolve()), **extra}
-                path = RUN_ROOT / "paint" / directory / f"{block}-s{strength:g}.json"
+                path = _sae_dir("paint") / directory / f"{block}-s{strength:g}.json"
                 if path.exists() and json.loads(path.read_text())["config"] == config:
                     continue
                 if name not in models:
@@ -552,7 +590,7 @@ def paint_results(base: str | None = None) -> dict | None:
     {feature: {causal_label, causal_label_before, causal_label_n, preservation}}}}}} from the paint runs, or None;
     with ``base`` also the base model's run, under its column name ("base, 30 steps, CFG 5"). Every step count
     must have been run with the same features, scenes and seed."""
-    root = RUN_ROOT / "paint"
+    root = _sae_dir("paint")
     files = sorted(root.glob("steps*/*.json")) + (sorted(root.glob("base/*.json")) if base else [])
     if not files:
         return None
@@ -594,7 +632,7 @@ def paint_results(base: str | None = None) -> dict | None:
 
 
 def _steps_name(steps: str) -> str:
-    """A column of the causal tables: a step count of the toy ("2 steps"), or the base model's own name."""
+    """A column of the causal tables: a step count of the one-step model ("2 steps"), or the base model's name."""
     return f"{steps} step{'s' if steps != '1' else ''}" if steps.isdigit() else steps
 
 
@@ -703,9 +741,10 @@ def collect_results(base: str | None = None) -> dict:
     for name, setting in SETTINGS.items():
         path = RUN_ROOT / "eval" / f"{setting.slug}.json"
         if not path.exists():
-            raise FileNotFoundError(f"{_shown(path)} is missing: run `python -m experiments.step_transfer run`")
+            raise FileNotFoundError(f"{_shown(path)} is missing: run "
+                                    f"`python -m experiments.step_transfer run{_model_flag()}`")
         data["quality"][name] = json.loads(path.read_text())["quality"]
-    for path in sorted((RUN_ROOT / "measured").glob("*.json")):
+    for path in sorted(_sae_dir("measured").glob("*.json")):
         measured = json.loads(path.read_text())
         cfg = cfg or measured["config"]
         if _measured_with(measured["config"]) != _measured_with(cfg) or list(measured["settings"]) != list(SETTINGS):
@@ -713,9 +752,10 @@ def collect_results(base: str | None = None) -> dict:
                              "`python -m experiments.step_transfer run` to the end (it recomputes it)")
         data["blocks"][measured["block"]] = measured["settings"]
     if not data["blocks"]:
-        raise FileNotFoundError("runs/step_transfer/measured/ is empty: run `python -m experiments.step_transfer run`")
+        raise FileNotFoundError(f"{_shown(_sae_dir('measured'))}/ is empty: run "
+                                f"`python -m experiments.step_transfer run{_model_flag()}`")
     data["config"] = cfg
-    data["scheduler"] = _scheduler_note()
+    data["scheduler"] = _scheduler_note(MODEL)
     if base:
         data["base"] = {"model": base, "column": base_column(base), "scheduler": _scheduler_note(base)}
     data["update_drift"] = _drifts(data["blocks"])
@@ -739,7 +779,12 @@ def _drifts(blocks) -> dict:
     return out
 
 
-def _scheduler_note(model: str = MODEL) -> dict:
+def _model_flag() -> str:
+    """The `--model` a command line needs to name the SAEs under test ("" for the toy's)."""
+    return "" if MODEL == DEFAULT_MODEL else f" --model {MODEL}"
+
+
+def _scheduler_note(model: str) -> dict:
     config = json.loads((_model_directory(model) / "scheduler" / "scheduler_config.json").read_text())
     return {k: config[k] for k in ("_class_name", "prediction_type", "timestep_spacing", "rescale_betas_zero_snr")}
 
@@ -749,12 +794,12 @@ def _f(value, digits: int = 3) -> str:
 
 
 def _on_toy(data: dict, name: str) -> bool:
-    """Whether a setting generates with the toy itself (not with the base model of `--base`)."""
+    """Whether a setting generates with the one-step model itself (not with the base model of `--base`)."""
     return data["settings"][name]["model"] == data["model"]
 
 
 def _compared_steps(entry: dict, key: str, skip_first: bool = True) -> float | None:
-    """The mean of an agreement figure over the compared steps: on the toy, the steps after the first (the first is
+    """The mean of an agreement figure over the compared steps: on the one-step model, the steps after the first (the first is
     the 1-step call itself); on the base model, every step (its first call is its own weights' on the same noise)."""
     values = [a[key] for a in entry["agreement_per_step"][1 if skip_first else 0:] if a[key] is not None]
     return float(np.mean(values)) if values else None
@@ -882,7 +927,7 @@ def markdown(data: dict) -> str:
                                    "spread evenly, named in its row)")
             + ":\n\n" + per_step_table(data)
             + f"\nFeature agreement with the 1-step run (same caption, seed and position). The first step of every "
-            f"setting of the toy is the 1-step call itself (agreement 1), so its columns average the steps after it"
+            f"setting of the one-step model is the 1-step call itself (agreement 1), so its columns average the steps after it"
             + ("" if not base else "; the base model's first call is its own weights' on the same noise, so its "
                                    "columns average every step")
             + f"; features: those firing on >= {cfg['min_firing']} positions of the 1-step run; top-k: k = "
@@ -912,7 +957,17 @@ def markdown(data: dict) -> str:
 
 
 DOCS_PAGE = Path("docs") / "experiments" / "step-transfer.md"
-DOCS_MARKERS = ("<!-- step-transfer -->", "<!-- /step-transfer -->")
+
+
+def results_stem() -> str:
+    """The results' file name: step_transfer for the toy's SAEs, step_transfer_<model> for another model's."""
+    return "step_transfer" if MODEL == DEFAULT_MODEL else f"step_transfer_{MODEL.replace('-', '_')}"
+
+
+def docs_markers() -> tuple[str, str]:
+    """The docs page's markers around the tables of the SAEs under test (one pair per one-step model)."""
+    name = "step-transfer" if MODEL == DEFAULT_MODEL else f"step-transfer {MODEL}"
+    return f"<!-- {name} -->", f"<!-- /{name} -->"
 
 
 def report(args) -> int:
@@ -925,13 +980,14 @@ def report(args) -> int:
     data = collect_results(args.base)
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(results / "step_transfer.json", dumps(data, indent=2) + "\n")
-    atomic_write_text(results / "step_transfer.md", markdown(data))
-    print(f"wrote {results / 'step_transfer.json'} and {results / 'step_transfer.md'}")
+    stem = results_stem()
+    atomic_write_text(results / f"{stem}.json", dumps(data, indent=2) + "\n")
+    atomic_write_text(results / f"{stem}.md", markdown(data))
+    print(f"wrote {results / stem}.json and {results / stem}.md")
     if args.docs:  # the tables of the docs page, between its markers (the prose around them is written by hand)
         from experiments.docs_page import refill
 
-        refill(REPO / DOCS_PAGE, DOCS_MARKERS, markdown(data))
+        refill(REPO / DOCS_PAGE, docs_markers(), markdown(data))
         print(f"refilled {DOCS_PAGE}")
     return 0
 
@@ -962,7 +1018,8 @@ def main(argv: list[str] | None = None) -> int:
     paint_parser = commands.add_parser("paint", help="painted labels with the 1-step SAEs at 1, 2 and 4 steps "
                                                      "(resumable; read by report)")
     paint_parser.add_argument("--threads", type=int, default=defaults.threads)
-    paint_parser.add_argument("--sae", default=_shown(SAE_ROOT), help="the SAEs and their feature cards")
+    paint_parser.add_argument("--sae", default=None,
+                              help="the SAEs and their feature cards (default: the shipped SAEs of --model)")
     paint_parser.add_argument("--block", action="append", default=None,
                               help=f"paint features of this block (repeatable; default: {', '.join(PAINT_BLOCKS)})")
     paint_parser.add_argument("--per-label", type=int, default=PAINT_PER_LABEL, help="features per label")
@@ -977,16 +1034,30 @@ def main(argv: list[str] | None = None) -> int:
                          help="also measure this multi-step model of the toy's architecture (`toy-base`, or a "
                               "pipeline saved by `python -m zoo train t2i --objective v_prediction`) at its steps "
                               "and guidance, both CFG halves")
+    for sub in (run_parser, report_parser, causal_parser, paint_parser):
+        sub.add_argument("--model", default=DEFAULT_MODEL,
+                         help="the one-step model whose shipped 1-step SAEs (saes/pretrained/MODEL) are tested: "
+                              "toy (default), or toy-turbo, trained from toy-base's weights (the same lineage)")
     for sub in (run_parser, report_parser, cost_parser, causal_parser, paint_parser):
         sub.add_argument("--out", default=_shown(RUN_ROOT), help="the run directory")
         sub.add_argument("--results", default=_shown(RESULTS), help="where the JSON and markdown tables go")
     args = parser.parse_args(argv)
-    if getattr(args, "base", None):  # a wrong --base is one line, before any work
+    # --model first: --base is checked against its sizes
+    for flag, check in (("model", use_model), ("base", base_sampling)):  # a wrong one is one line, before any work
+        if getattr(args, flag, None):
+            try:
+                check(getattr(args, flag))
+            except (OSError, ValueError) as err:
+                print(f"error: --{flag}: {err}", file=sys.stderr)
+                return 2
+    if getattr(args, "sae", "") is None:
+        args.sae = _shown(SAE_ROOT)
+    if args.run is report:  # what is missing under runs/ is one line that names the command to run
         try:
-            base_sampling(args.base)
-        except (OSError, ValueError) as err:
-            print(f"error: --base: {err}", file=sys.stderr)
-            return 2
+            return report(args)
+        except (FileNotFoundError, ValueError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     return args.run(args)
 
 

@@ -251,3 +251,35 @@ def test_the_committed_tables_are_what_the_report_renders_from_the_committed_fig
     data = json.loads((st.RESULTS / "step_transfer.json").read_text())
     assert st.markdown(data) == (st.RESULTS / "step_transfer.md").read_text()
     assert data["base"]["model"] == "toy-base" and "base, 30 steps, CFG 5, cond" in data["settings"]
+
+
+def test_another_one_step_models_saes_get_files_and_results_of_their_own_and_a_wrong_model_is_refused(tmp_path,
+                                                                                                      monkeypatch,
+                                                                                                      capsys):
+    """`--model` tests another embedded one-step model's shipped SAEs (`toy-turbo`, of toy-base's lineage): what it
+    generates is shared (the captures are named by the generating model), what depends on its SAEs (measured/,
+    riebench/, paint/, the results and the docs tables) is its own, and the toy's names stay as they were."""
+    import experiments.step_transfer as st
+
+    for name in ("MODEL", "SAE_ROOT", "SETTINGS", "RUN_ROOT"):  # the commands set them; restored after
+        monkeypatch.setattr(st, name, getattr(st, name))
+    for wrong, says in (("toy-base", "not an embedded one-step model"), ("sdxl-turbo", "not an embedded one-step"),
+                        ("toy-v3", "not an embedded one-step model"), ("nope", "not an embedded one-step")):
+        assert st.main(["report", "--model", wrong, "--out", str(tmp_path)]) == 2
+        assert f"--model: {wrong!r} is not" in capsys.readouterr().err
+    # toy-v2 has the toy's block names, other sizes: its SAEs cannot read toy-base's blocks
+    assert st.main(["causal", "--model", "toy-v2", "--base", "toy-base", "--out", str(tmp_path)]) == 2
+    assert "--base: toy-base has other sizes than toy-v2" in capsys.readouterr().err
+    assert st.main(["report", "--model", "toy-v2", "--out", str(tmp_path)]) == 1  # nothing run yet: one line
+    err = capsys.readouterr().err
+    assert "is missing: run `python -m experiments.step_transfer run --model toy-v2`" in err and "Traceback" not in err
+    assert not any(tmp_path.iterdir())
+
+    assert st.MODEL == "toy-v2" and st.SAE_ROOT == st.REPO / "saes" / "pretrained" / "toy-v2"
+    assert st.SETTINGS["4 steps, CFG 5, uncond"].slug == "toy-v2-steps4-g5-uncond"
+    assert st._sae_dir("measured") == tmp_path / "measured-toy-v2"
+    assert st.results_stem() == "step_transfer_toy_v2"
+    assert st.docs_markers() == ("<!-- step-transfer toy-v2 -->", "<!-- /step-transfer toy-v2 -->")
+    st.use_model("toy")
+    assert st.SETTINGS["4 steps"].slug == "steps4-g0-cond" and st._sae_dir("paint") == tmp_path / "paint"
+    assert (st.results_stem(), st.docs_markers()[0]) == ("step_transfer", "<!-- step-transfer -->")
