@@ -97,11 +97,15 @@ def base_sampling(model: str) -> tuple[int, float]:
     if recipe.get("objective", "sample") == "sample":
         raise ValueError(f"{model} was trained with the one-step objective; --base wants a multi-step model "
                          "(`python -m zoo train t2i --objective v_prediction`)")
-    sizes = json.loads((_model_directory(MODEL) / "recipe.json").read_text())["model"]
-    if recipe["model"] != sizes:
-        raise ValueError(f"{model} has other sizes than {MODEL} (recipe.json's `model`): {MODEL}'s SAEs do not fit "
-                         "its blocks")
+    if _unet_layout(model) != _unet_layout(MODEL):
+        raise ValueError(f"{model}'s U-Net has other blocks or channels than {MODEL}'s: {MODEL}'s SAEs do not fit it")
     return int(recipe.get("sampling_steps", 1)), float(recipe.get("guidance", 0.0))
+
+
+def _unet_layout(model: str) -> list:
+    """What decides whether one model's SAEs read another's blocks: the U-Net's block types and channels."""
+    config = json.loads((_model_directory(model) / "unet" / "config.json").read_text())
+    return [config.get(k) for k in ("block_out_channels", "down_block_types", "up_block_types")]
 
 
 def base_column(model: str) -> str:

@@ -267,9 +267,13 @@ def test_another_one_step_models_saes_get_files_and_results_of_their_own_and_a_w
                         ("toy-v3", "not an embedded one-step model"), ("nope", "not an embedded one-step")):
         assert st.main(["report", "--model", wrong, "--out", str(tmp_path)]) == 2
         assert f"--model: {wrong!r} is not" in capsys.readouterr().err
-    # toy-v2 has the toy's block names, other sizes: its SAEs cannot read toy-base's blocks
-    assert st.main(["causal", "--model", "toy-v2", "--base", "toy-base", "--out", str(tmp_path)]) == 2
-    assert "--base: toy-base has other sizes than toy-v2" in capsys.readouterr().err
+    # a base model of other channels: the SAEs cannot read its blocks
+    other = tmp_path.parent / f"{tmp_path.name}-other-base"
+    (other / "unet").mkdir(parents=True)
+    (other / "recipe.json").write_text(json.dumps({"objective": "v_prediction", "sampling_steps": 3, "guidance": 2}))
+    (other / "unet" / "config.json").write_text(json.dumps({"block_out_channels": [8, 16, 32]}))
+    assert st.main(["causal", "--model", "toy-v2", "--base", str(other), "--out", str(tmp_path)]) == 2
+    assert "U-Net has other blocks or channels than toy-v2's" in capsys.readouterr().err
     assert st.main(["report", "--model", "toy-v2", "--out", str(tmp_path)]) == 1  # nothing run yet: one line
     err = capsys.readouterr().err
     assert "is missing: run `python -m experiments.step_transfer run --model toy-v2`" in err and "Traceback" not in err
