@@ -107,7 +107,7 @@ def test_unknown_model_and_missing_or_corrupt_weights_are_named(tmp_path):
         load_t2i("sdxl-turbo", allow_download=False)
 
 
-@pytest.mark.parametrize("directory", ["t2i", "t2i-base"])
+@pytest.mark.parametrize("directory", ["t2i", "t2i-base", "t2i-turbo"])
 def test_embedded_weights_are_small_fp16_safetensors(directory):
     files = [p for p in (WEIGHTS_DIR / directory).rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= 25 * 2**20
@@ -138,6 +138,39 @@ def test_toy_base_is_a_multi_step_v_prediction_model_in_the_toys_latent_space():
     assert vae.keys() == toy_vae.keys() and all(torch.equal(vae[k], toy_vae[k]) for k in vae)
     unet, toy_unet = (load_file(str(next((d / "unet").glob("*.safetensors")))) for d in (root, WEIGHTS_DIR / "t2i"))
     assert unet.keys() == toy_unet.keys() and not torch.equal(unet["conv_in.weight"], toy_unet["conv_in.weight"])
+
+
+def test_toy_turbo_is_a_one_step_model_of_toy_bases_lineage():
+    """Issue 33's same-lineage pair: toy-turbo was trained from toy-base's U-Net and text encoders with the one-step
+    objective (the clean latent, mostly at the largest noise level), as SDXL Turbo from SDXL base, on the toy's VAE.
+    Its U-Net is nearer toy-base's than the toy's (same random initialisation, trained apart) is, and nearer
+    toy-base's than the toy's (relative distances 0.50, 0.69 and 0.82 when shipped)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from interp.models.t2i import known_model
+
+    known = known_model("toy-turbo")
+    assert (known.default_steps, known.default_guidance, known.embedded) == (1, 0.0, True)
+    assert known.blocks == known_model("toy").blocks
+    root = WEIGHTS_DIR / "t2i-turbo"
+    recipe = json.loads((root / "recipe.json").read_text())
+    assert (recipe["objective"], Path(recipe["init_from"]).name) == ("sample", "t2i-base")
+    scheduler = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
+    assert scheduler["prediction_type"] == "sample"
+
+    def weights(directory, part):
+        return load_file(str(next((WEIGHTS_DIR / directory / part).glob("*.safetensors"))))
+
+    assert all(torch.equal(a, b) for a, b in zip(weights("t2i-turbo", "vae").values(), weights("t2i", "vae").values()))
+    turbo, base, toy = (weights(d, "unet") for d in ("t2i-turbo", "t2i-base", "t2i"))
+
+    def distance(a, b):  # relative, over every U-Net tensor
+        return float(sum((a[k].float() - b[k].float()).pow(2).sum() for k in a).sqrt()
+                     / sum(b[k].float().pow(2).sum() for k in b).sqrt())
+
+    from_base = distance(turbo, base)
+    assert 0 < from_base < distance(toy, base) and from_base < distance(turbo, toy)
 
 
 def run_cli(*args):

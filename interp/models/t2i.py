@@ -51,6 +51,9 @@ KNOWN_MODELS = {
     # toy-base (issue 33): v1's sizes trained as SDXL base is (`--objective v_prediction`, prompt dropout), sampled in
     # 30 steps with guidance 5; the toy's VAE, so the two share one latent space (docs/experiments/step-transfer.md)
     "toy-base": KnownModel(str(WEIGHTS_DIR / "t2i-base"), 30, 5.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
+    # toy-turbo (issue 33): the one-step model trained from toy-base's weights (`--init-from`), as SDXL Turbo was
+    # distilled from SDXL base: the pair shares a lineage, as the toy and toy-base do not
+    "toy-turbo": KnownModel(str(WEIGHTS_DIR / "t2i-turbo"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     "sdxl-turbo": KnownModel("stabilityai/sdxl-turbo", 1, 0.0),
     "sdxl-base": KnownModel("stabilityai/stable-diffusion-xl-base-1.0", 30, 5.0),
 }
