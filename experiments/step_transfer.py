@@ -280,22 +280,27 @@ def held_out_prompts(truth, n: int, seed: int) -> tuple[list[str], list]:
 
 
 def capture_setting(model, blocks, prompts: list[str], seeds: list[int], setting: Setting, truth, scenes,
-                    batch: int = 20) -> tuple[dict[str, torch.Tensor], dict]:
-    """{block: (n, steps, C, H, W) fp16} updates of one setting's half, and the probe's reading of its images."""
+                    batch: int = 20, halves: tuple[str, ...] | None = None) -> tuple[dict, dict]:
+    """{block: (n, steps, C, H, W) fp16} updates of one setting's half, and the probe's reading of its images.
+    With `halves` (("cond", "uncond") under guidance), one generation gives {half: {block: updates}} of each: the
+    halves of a CFG batch are one generation, so their images and quality are one too."""
     from interp.hooks.diffusion import capture_updates
 
-    parts = {b: [] for b in blocks}
+    kept = halves or (setting.half,)
+    parts = {half: {b: [] for b in blocks} for half in kept}
     scores = []
     probe = truth.probe()
     for i in range(0, len(prompts), batch):
         with capture_updates(model, blocks, device="cpu") as cap:
             images = model.generate(prompts[i:i + batch], steps=setting.steps, seed=seeds[i:i + batch],
                                     guidance=setting.guidance, output_type="np")
-        for b in blocks:
-            parts[b].append(cap.updates(b, setting.half).transpose(0, 1).to(torch.float16))
+        for half in kept:
+            for b in blocks:
+                parts[half][b].append(cap.updates(b, half).transpose(0, 1).to(torch.float16))
         scores += [probe.score((img * 255).round().astype(np.uint8), s) for img, s in zip(images, scenes[i:i + batch])]
     quality = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
-    return {b: torch.cat(v) for b, v in parts.items()}, quality
+    updates = {half: {b: torch.cat(v) for b, v in by_block.items()} for half, by_block in parts.items()}
+    return (updates if halves else updates[setting.half]), quality
 
 
 def _eval_updates(models, blocks, cfg: RunConfig, truth) -> dict[str, dict[str, torch.Tensor]]:
@@ -305,20 +310,30 @@ def _eval_updates(models, blocks, cfg: RunConfig, truth) -> dict[str, dict[str, 
 
     prompts, scenes = held_out_prompts(truth, cfg.n_eval, cfg.eval_seed)
     seeds = list(range(cfg.eval_seed * 1000, cfg.eval_seed * 1000 + cfg.n_eval))
-    out = {}
-    for name, setting in SETTINGS.items():
+    def files(setting):
         path = RUN_ROOT / "eval" / f"{setting.slug}.safetensors"
-        quality_path = path.with_suffix(".json")
         identity = {"prompts": prompts, "seeds": seeds, "setting": asdict(setting), "blocks": list(blocks)}
+        return path, path.with_suffix(".json"), identity
+
+    # the settings still to capture, by generation: both halves of a CFG batch come from one
+    pending: dict[tuple, list[str]] = {}
+    for name, setting in SETTINGS.items():
+        path, quality_path, identity = files(setting)
         if not (path.exists() and quality_path.exists()
                 and json.loads(quality_path.read_text())["identity"] == identity):
-            _log(f"capturing {cfg.n_eval} held-out generations: {name}")
-            updates, quality = capture_setting(models[setting.model], blocks, prompts, seeds, setting, truth, scenes)
+            pending.setdefault((setting.model, setting.steps, setting.guidance), []).append(name)
+    for names in pending.values():
+        setting = SETTINGS[names[0]]
+        _log(f"capturing {cfg.n_eval} held-out generations: {' and '.join(names)}")
+        by_half, quality = capture_setting(models[setting.model], blocks, prompts, seeds, setting, truth, scenes,
+                                           halves=tuple(SETTINGS[n].half for n in names))
+        for name in names:
+            path, quality_path, identity = files(SETTINGS[name])
+            updates = by_half[SETTINGS[name].half]
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda tmp: save_file({b: t.contiguous() for b, t in updates.items()}, tmp))
             atomic_write_text(quality_path, json.dumps({"identity": identity, "quality": quality}) + "\n")
-        out[name] = load_file(str(path))
-    return out
+    return {name: load_file(str(files(setting)[0])) for name, setting in SETTINGS.items()}
 
 
 def _ceiling_sae(model, blocks: list[str], block: str, setting: Setting, cfg: RunConfig, d_sae: int, k: int):

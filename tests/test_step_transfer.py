@@ -287,3 +287,24 @@ def test_another_one_step_models_saes_get_files_and_results_of_their_own_and_a_w
     st.use_model("toy")
     assert st.SETTINGS["4 steps"].slug == "steps4-g0-cond" and st._sae_dir("paint") == tmp_path / "paint"
     assert (st.results_stem(), st.docs_markers()[0]) == ("step_transfer", "<!-- step-transfer -->")
+
+
+def test_both_halves_of_a_guided_generation_are_captured_from_one_generation_as_from_two(toy_t2i):
+    """The conditional and unconditional settings of one guided generation are captured together (half the
+    generations), with the same updates and quality as capturing each half on its own."""
+    import experiments.step_transfer as st
+    from interp.ground_truth import ground_truth_for
+
+    truth = ground_truth_for(toy_t2i)
+    prompts, scenes = st.held_out_prompts(truth, 2, seed=5)
+    blocks = ["mid_block.attentions.0", "up_blocks.1.attentions.2"]
+    setting = st.Setting(2, 5.0, "cond")
+    together, quality = st.capture_setting(toy_t2i, blocks, prompts, [0, 1], setting, truth, scenes,
+                                           halves=("cond", "uncond"))
+    for half in ("cond", "uncond"):
+        alone, alone_quality = st.capture_setting(toy_t2i, blocks, prompts, [0, 1], st.Setting(2, 5.0, half), truth,
+                                                  scenes)
+        assert alone_quality == quality
+        for b in blocks:
+            assert together[half][b].shape == (2, 2, *alone[b].shape[2:]) and torch.equal(together[half][b], alone[b])
+    assert not torch.equal(together["cond"][blocks[0]], together["uncond"][blocks[0]])
