@@ -970,9 +970,16 @@ def markdown(data: dict) -> str:
                f"other attributes, no new object) read as on the unedited image:\n\n" + paint_summary_table(data)
                + "\nPer feature (card: its stored 1-step score, seed 21, strength 3; each cell: label read / "
                  "preservation):\n\n" + paint_table(data))
-            + cost_line(data)
-            + "\nMade by `python -m experiments.step_transfer run`, `causal`, `paint` and `cost` (then `report`)"
-            + ("" if not base else f", each but `cost` with `--base {base['model']}`") + ".\n")
+            + cost_line(data) + made_by(data))
+
+
+def made_by(data: dict) -> str:
+    """The report's last line: the commands, with the flags that name the SAEs under test and the base model."""
+    flags = " ".join(([f"--model {data['model']}"] if data["model"] != DEFAULT_MODEL else [])
+                     + ([f"--base {data['base']['model']}"] if data.get("base") else []))
+    commands = "run`, `causal`, `paint` and `cost`" if data.get("base_step_cost") else "run`, `causal` and `paint`"
+    each = "" if not flags else f", each{' but `cost`' if data.get('base_step_cost') else ''} with `{flags}`"
+    return f"\nMade by `python -m experiments.step_transfer {commands} (then `report`){each}.\n"
 
 
 DOCS_PAGE = Path("docs") / "experiments" / "step-transfer.md"
