@@ -244,13 +244,17 @@ def test_the_tables_average_the_base_models_every_step_and_show_eight_of_its_thi
     assert "| b | 4 steps | 0.000 / 0.000 / 0.000 / 0.000 |" in per_step[2]
 
 
-def test_the_committed_tables_are_what_the_report_renders_from_the_committed_figures():
-    """experiments/results/step_transfer.md is `markdown()` of the JSON beside it: neither was edited by hand."""
+@pytest.mark.parametrize("stem, model", [("step_transfer", "toy"), ("step_transfer_toy_turbo", "toy-turbo")])
+def test_the_committed_tables_are_what_the_report_renders_from_the_committed_figures(stem, model):
+    """experiments/results/<stem>.md is `markdown()` of the JSON beside it: neither was edited by hand. One pair
+    per one-step model whose SAEs were tested: the toy's and toy-turbo's, both on toy-base."""
     import experiments.step_transfer as st
 
-    data = json.loads((st.RESULTS / "step_transfer.json").read_text())
-    assert st.markdown(data) == (st.RESULTS / "step_transfer.md").read_text()
+    data = json.loads((st.RESULTS / f"{stem}.json").read_text())
+    assert st.markdown(data) == (st.RESULTS / f"{stem}.md").read_text()
+    assert data["model"] == model and data["sae_root"] == f"saes/pretrained/{model}"
     assert data["base"]["model"] == "toy-base" and "base, 30 steps, CFG 5, cond" in data["settings"]
+    assert all(entry["model"] == model for name, entry in data["settings"].items() if not name.startswith("base"))
 
 
 def test_another_one_step_models_saes_get_files_and_results_of_their_own_and_a_wrong_model_is_refused(tmp_path,
