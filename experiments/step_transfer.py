@@ -142,9 +142,9 @@ def use_model(model: str) -> None:
     from interp.models.t2i import KNOWN_MODELS, TOY_BLOCKS
 
     global MODEL, SAE_ROOT, SETTINGS
-    known = KNOWN_MODELS.get(model)
-    if known is None or not known.embedded or known.blocks != TOY_BLOCKS or known.default_steps != 1:
-        one_step = [n for n, k in KNOWN_MODELS.items() if k.embedded and k.blocks == TOY_BLOCKS and k.default_steps == 1]
+    one_step = [name for name, known in KNOWN_MODELS.items()
+                if known.embedded and known.blocks == TOY_BLOCKS and known.default_steps == 1]
+    if model not in one_step:
         raise ValueError(f"{model!r} is not an embedded one-step model of the toy's architecture (one of "
                          f"{', '.join(one_step)})")
     root = REPO / "saes" / "pretrained" / model
@@ -281,9 +281,9 @@ def held_out_prompts(truth, n: int, seed: int) -> tuple[list[str], list]:
 
 def capture_setting(model, blocks, prompts: list[str], seeds: list[int], setting: Setting, truth, scenes,
                     batch: int = 20, halves: tuple[str, ...] | None = None) -> tuple[dict, dict]:
-    """{block: (n, steps, C, H, W) fp16} updates of one setting's half, and the probe's reading of its images.
-    With `halves` (("cond", "uncond") under guidance), one generation gives {half: {block: updates}} of each: the
-    halves of a CFG batch are one generation, so their images and quality are one too."""
+    """{half: {block: (n, steps, C, H, W) fp16}} updates of the setting's half (or of each of `halves`: ("cond",
+    "uncond") under guidance, the two halves of one CFG batch, so of one generation), and the probe's reading of
+    its images."""
     from interp.hooks.diffusion import capture_updates
 
     kept = halves or (setting.half,)
@@ -299,8 +299,7 @@ def capture_setting(model, blocks, prompts: list[str], seeds: list[int], setting
                 parts[half][b].append(cap.updates(b, half).transpose(0, 1).to(torch.float16))
         scores += [probe.score((img * 255).round().astype(np.uint8), s) for img, s in zip(images, scenes[i:i + batch])]
     quality = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
-    updates = {half: {b: torch.cat(v) for b, v in by_block.items()} for half, by_block in parts.items()}
-    return (updates if halves else updates[setting.half]), quality
+    return {half: {b: torch.cat(v) for b, v in by_block.items()} for half, by_block in parts.items()}, quality
 
 
 def _eval_updates(models, blocks, cfg: RunConfig, truth) -> dict[str, dict[str, torch.Tensor]]:
@@ -818,8 +817,9 @@ def _on_toy(data: dict, name: str) -> bool:
 
 
 def _compared_steps(entry: dict, key: str, skip_first: bool = True) -> float | None:
-    """The mean of an agreement figure over the compared steps: on the one-step model, the steps after the first (the first is
-    the 1-step call itself); on the base model, every step (its first call is its own weights' on the same noise)."""
+    """The mean of an agreement figure over the compared steps: on the one-step model, the steps after the first
+    (the first is the 1-step call itself); on the base model, every step (its first call is its own weights' on the
+    same noise)."""
     values = [a[key] for a in entry["agreement_per_step"][1 if skip_first else 0:] if a[key] is not None]
     return float(np.mean(values)) if values else None
 
@@ -946,7 +946,8 @@ def markdown(data: dict) -> str:
                                    "spread evenly, named in its row)")
             + ":\n\n" + per_step_table(data)
             + f"\nFeature agreement with the 1-step run (same caption, seed and position). The first step of every "
-            f"setting of the one-step model is the 1-step call itself (agreement 1), so its columns average the steps after it"
+            f"setting of the one-step model is the 1-step call itself (agreement 1), so its columns average the "
+            f"steps after it"
             + ("" if not base else "; the base model's first call is its own weights' on the same noise, so its "
                                    "columns average every step")
             + f"; features: those firing on >= {cfg['min_firing']} positions of the 1-step run; top-k: k = "

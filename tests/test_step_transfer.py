@@ -306,8 +306,9 @@ def test_both_halves_of_a_guided_generation_are_captured_from_one_generation_as_
     together, quality = st.capture_setting(toy_t2i, blocks, prompts, [0, 1], setting, truth, scenes,
                                            halves=("cond", "uncond"))
     for half in ("cond", "uncond"):
-        alone, alone_quality = st.capture_setting(toy_t2i, blocks, prompts, [0, 1], st.Setting(2, 5.0, half), truth,
-                                                  scenes)
+        captured, alone_quality = st.capture_setting(toy_t2i, blocks, prompts, [0, 1], st.Setting(2, 5.0, half),
+                                                     truth, scenes)
+        alone = captured[half]
         assert alone_quality == quality
         for b in blocks:
             assert together[half][b].shape == (2, 2, *alone[b].shape[2:]) and torch.equal(together[half][b], alone[b])
