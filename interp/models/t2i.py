@@ -4,6 +4,7 @@ SDXL base, or any local directory saved with `save_pretrained`."""
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 import threading
@@ -334,16 +335,19 @@ def do_cfg(pipe, guidance_scale: float) -> bool:
 _TEXT_LOCK = threading.RLock()
 
 
-def private_pipeline(pipe):
+def private_pipeline(pipe, generator=None):
     """A shallow copy of the pipeline that shares every model but owns its scheduler and call state.
 
     diffusers pipelines keep per-call state on themselves (`_guidance_scale`, the
     scheduler's timesteps and step index); two threads calling one pipeline overwrite it.
     Its prompt encoding holds a process-wide lock (shared tokenizers are not thread-safe).
+    ``generator`` (a torch.Generator or one per image): the noise every scheduler step draws (`seeded_steps`).
     """
     private = copy.copy(pipe)
     # Bypass DiffusionPipeline.__setattr__, which would rewrite the shared config.
     private.__dict__["scheduler"] = copy.deepcopy(pipe.scheduler)
+    if generator is not None:
+        seeded_steps(private.scheduler, generator)
     if hasattr(private, "encode_prompt"):
         encode_prompt = private.encode_prompt
 
@@ -355,16 +359,40 @@ def private_pipeline(pipe):
     return private
 
 
+def seeded_steps(scheduler, generator) -> None:
+    """Make a (private) scheduler draw its step noise from `generator` whenever its pipeline passes none.
+
+    Stochastic schedulers (Euler-ancestral, DPM++ SDE, LCM, DDPM, DDIM with eta > 0, FlowMatch with stochastic
+    sampling) add fresh noise at each step through their `step(..., generator=)`. SD 1.x / SDXL / PixArt / Sana
+    pass the pipeline's generator on, SD3 and FLUX pass none: without this their noise comes from torch's global
+    generator, and the same seed gives another image each run."""
+    step = scheduler.step
+    try:
+        takes_generator = "generator" in inspect.signature(step).parameters
+    except (TypeError, ValueError):
+        takes_generator = False
+    if not takes_generator:
+        return
+
+    def step_with_generator(*args, **kwargs):
+        if kwargs.get("generator") is None:
+            kwargs["generator"] = generator
+        return step(*args, **kwargs)
+
+    scheduler.__dict__["step"] = step_with_generator
+
+
 def run_pipeline(pipe, **call_kwargs):
     """Call the pipeline through a private copy (thread-safe) and tell active hooks about the call.
 
     Steps are scheduler steps: a multi-call scheduler (Heun, DPM-2: two denoiser calls a step; PNDM's warm-up)
-    reports progress, and the hooks count, per step, not per denoiser call."""
+    reports progress, and the hooks count, per step, not per denoiser call. A ``generator`` in the call also seeds
+    the noise of every scheduler step (`seeded_steps`), including where the pipeline does not pass it on."""
     family = family_of(pipe)
     call_kwargs = {**family.call_options, **call_kwargs}
     guidance = float(call_kwargs.get("guidance_scale", 5.0))
     total = int(call_kwargs.get("num_inference_steps") or 1)
-    private = private_pipeline(pipe)
+    private = private_pipeline(pipe, call_kwargs.get("generator"))
     callback = _STEP_CALLBACK.get()
     reports = callback is not None and "callback_on_step_end" not in call_kwargs
     call = GenerationCall(cfg=do_cfg(pipe, guidance), steps=total, scheduler=private.scheduler,
@@ -412,9 +440,11 @@ def generate(model, prompt: str | list[str], steps: int | None = None, seed: int
     # Pipelines that would bin or default the size themselves (PixArt, Sana) get the size the latents have.
     height, width = height or model.default_size, width or model.default_size
     with torch.inference_mode():
+        # The generators drew the starting noise; the same generators (one per image, so an image's noise does not
+        # depend on the batch it is in) draw every later noise a stochastic scheduler adds.
         out = run_pipeline(model.pipe, prompt=prompts, num_inference_steps=steps, guidance_scale=guidance,
                            latents=latents.to(model.denoiser.device), height=height, width=width,
-                           output_type=output_type)
+                           output_type=output_type, generator=generators)
     return out.images
 
 
