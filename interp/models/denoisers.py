@@ -54,6 +54,7 @@ class DenoiserFamily:
     cfg_batch: bool = True             # guidance > 1 batches [uncond, cond]; False: no unconditional half
     tokenizers: tuple[tuple[str, int | None], ...] = (("tokenizer", None),)  # (pipeline attribute, max tokens)
     call_options: dict = field(default_factory=dict)  # pipeline-call keywords every generation passes
+    pipelines: tuple[str, ...] = ()    # the text-to-image pipeline classes of this denoiser that the workbench drives
 
     # ------------------------------------------------------------------ geometry
 
@@ -268,24 +269,29 @@ def register_family(family: DenoiserFamily) -> DenoiserFamily:
 
 UNET = register_family(DenoiserFamily(
     "unet", "UNet2DConditionModel", "unet", "SD 1.x, SD 2.x, SDXL",
-    tokenizers=(("tokenizer", None), ("tokenizer_2", None))))
+    tokenizers=(("tokenizer", None), ("tokenizer_2", None)),
+    pipelines=("StableDiffusionPipeline", "StableDiffusionXLPipeline")))
 SD3 = register_family(DenoiserFamily(
     "sd3", "SD3Transformer2DModel", "transformer", "Stable Diffusion 3 / 3.5",
     block_lists=("transformer_blocks",), tokens=True, image_stream=1, text_stream=0,
     text_sequence=(("tokenizer", None), ("tokenizer_3", 256)),  # CLIP's 77 (both CLIPs side by side), T5's 256
-    tokenizers=(("tokenizer", None), ("tokenizer_2", None), ("tokenizer_3", 256))))
+    tokenizers=(("tokenizer", None), ("tokenizer_2", None), ("tokenizer_3", 256)),
+    pipelines=("StableDiffusion3Pipeline",)))
 FLUX = register_family(DenoiserFamily(
     "flux", "FluxTransformer2DModel", "transformer", "FLUX.1",
     block_lists=("transformer_blocks", "single_transformer_blocks"), tokens=True, image_stream=1, text_stream=0,
-    text_sequence=(("tokenizer_2", 512),), packing=2, cfg_batch=False, tokenizers=(("tokenizer", None), ("tokenizer_2", 512))))
+    text_sequence=(("tokenizer_2", 512),), packing=2, cfg_batch=False, tokenizers=(("tokenizer", None), ("tokenizer_2", 512)),
+    pipelines=("FluxPipeline",)))
 PIXART = register_family(DenoiserFamily(
     "pixart", "PixArtTransformer2DModel", "transformer", "PixArt-alpha, PixArt-Sigma",
     block_lists=("transformer_blocks",), tokens=True, tokenizers=(("tokenizer", 300),),
-    call_options={"use_resolution_binning": False, "clean_caption": False}))
+    call_options={"use_resolution_binning": False, "clean_caption": False},
+    pipelines=("PixArtAlphaPipeline", "PixArtSigmaPipeline")))
 SANA = register_family(DenoiserFamily(
     "sana", "SanaTransformer2DModel", "transformer", "Sana",
     block_lists=("transformer_blocks",), tokens=True, tokenizers=(("tokenizer", 300),),
-    call_options={"use_resolution_binning": False, "clean_caption": False}))
+    call_options={"use_resolution_binning": False, "clean_caption": False},
+    pipelines=("SanaPipeline",)))
 
 
 def supported() -> str:
@@ -309,14 +315,45 @@ def family_of_module(denoiser) -> DenoiserFamily:
     return family
 
 
+# Why a pipeline class whose denoiser has an adapter is still refused, by a part of its name (diffusers' naming).
+_NOT_DRIVEN = (
+    ("PAG", "it runs perturbed-attention guidance, whose denoiser batch is [uncond, cond, perturbed], not the "
+            "[uncond, cond] halves the hooks, the store and the edits read"),
+    ("ControlNet", "it needs a control image, which the workbench does not give"),
+    ("Adapter", "it needs an adapter's conditioning image, which the workbench does not give"),
+    ("Img2Img", "it starts from an input image, which the workbench does not give"),
+    ("Inpaint", "it paints into an input image and mask, which the workbench does not give"),
+    ("Combined", "it chains a prior and a decoder pipeline (Kandinsky), each with its own denoiser"),
+    ("Kandinsky", "it is conditioned on image embeddings from a prior, not on the prompt"),
+)
+
+
+def check_pipeline_class(class_names, family: DenoiserFamily, denoiser: str) -> None:
+    """Refuse, in one line, a pipeline that passes the denoiser check but is not one of the family's text-to-image
+    pipelines (`DenoiserFamily.pipelines`): the workbench calls it with a prompt, its own latents and guidance, and
+    reads its batch as [uncond, cond]. `class_names`: the class and its bases (a subclass of a driven pipeline keeps
+    its call), or a saved pipeline's `_class_name`."""
+    class_names = list(class_names)
+    if any(name in family.pipelines for name in class_names) and "PAGMixin" not in class_names:
+        return
+    name = class_names[0] if class_names else "this pipeline"
+    why = next((reason for part, reason in _NOT_DRIVEN if part in name or part + "Mixin" in class_names),
+               "it is not a text-to-image pipeline the workbench has been checked against")
+    raise UnsupportedPipeline(f"{name} ({denoiser}) is not supported: {why}; the workbench drives "
+                              f"{', '.join(family.pipelines)} for the {family.name} family "
+                              f"(load its weights as one of those)")
+
+
 def family_of(pipe) -> DenoiserFamily:
-    """The family of a pipeline's denoiser, or one line naming the pipeline class and the supported families."""
+    """The family of a pipeline's denoiser, or one line naming the pipeline class and the supported families (or,
+    for a pipeline class of a supported denoiser that the workbench does not drive, why: `check_pipeline_class`)."""
     denoiser = denoiser_of(pipe)
     name = type(denoiser).__name__ if denoiser is not None else "no unet or transformer"
     family = FAMILIES.get(name)
     if family is None:
         raise UnsupportedPipeline(f"{type(pipe).__name__} ({name}) is not supported: no denoiser adapter for it; "
                                   f"supported families: {supported()}")
+    check_pipeline_class([c.__name__ for c in type(pipe).__mro__], family, name)
     return family
 
 
@@ -325,7 +362,9 @@ def family_of_index(model_index: dict) -> DenoiserFamily:
     for attribute in ("unet", "transformer"):
         entry = model_index.get(attribute)
         if isinstance(entry, list) and len(entry) == 2 and entry[1] in FAMILIES:
-            return FAMILIES[entry[1]]
+            family = FAMILIES[entry[1]]
+            check_pipeline_class([str(model_index.get("_class_name", "this pipeline"))], family, entry[1])
+            return family
     denoisers = [f"{k}: {v[1]}" for k, v in model_index.items() if k in ("unet", "transformer", "prior")
                  and isinstance(v, list) and len(v) == 2]
     raise UnsupportedPipeline(f"{model_index.get('_class_name', 'this pipeline')} "
@@ -348,5 +387,5 @@ def step_of_calls(n_calls: int, n_steps: int, order: int) -> list[int]:
 
 
 __all__ = ["FAMILIES", "FLUX", "PIXART", "SANA", "SD3", "UNET", "DenoiserFamily", "UnsupportedPipeline",
-           "denoiser_of", "family_of", "family_of_index", "family_of_module", "register_family", "step_of_calls",
-           "supported"]
+           "check_pipeline_class", "denoiser_of", "family_of", "family_of_index", "family_of_module", "register_family",
+           "step_of_calls", "supported"]
