@@ -190,11 +190,15 @@ class T2IModel:
                 raise ModelError(f"{self.name} does not know the word(s) {', '.join(map(repr, unknown))}; "
                                  f"it knows: {', '.join(sorted(self.vocabulary))}")
         # Each of the family's tokenizers reads the prompt; one that would cut it short is an error, not a
-        # silent truncation (the limit is the pipeline's max_sequence_length where it has one).
+        # silent truncation (the limit is the pipeline's max_sequence_length where it has one: the family's
+        # figure, or the pipeline call's own default where that is lower, as PixArt-alpha's 120 of PixArt's 300).
+        sequence_limit = pipeline_limit(self.pipe)
         for attribute, limit in self.family.tokenizers:
             tokenizer = getattr(self.pipe, attribute, None)
             if tokenizer is None:
                 continue
+            if limit is not None and sequence_limit is not None:
+                limit = min(limit, sequence_limit)
             limit = min(limit or tokenizer.model_max_length, tokenizer.model_max_length)
             n = len(tokenizer(prompt, truncation=False)["input_ids"])
             if n > limit:
@@ -382,6 +386,41 @@ def seeded_steps(scheduler, generator) -> None:
     scheduler.__dict__["step"] = step_with_generator
 
 
+def one_step_clean_sample(scheduler) -> None:
+    """PixArtAlphaPipeline at one step reads the scheduler step's second output, its predicted clean sample (made for
+    PixArt-alpha's one-step DMD model), which DPM-Solver++ (its default scheduler) does not return: diffusers raises
+    an IndexError. A scheduler that steps to sigma 0 at its last step (DPM-Solver++'s `final_sigmas_type="zero"`)
+    returns that clean sample as its next sample, bit for bit: it is given as the second output; any other is
+    refused in one line."""
+    step = scheduler.step
+
+    def step_with_clean_sample(*args, return_dict: bool = True, **kwargs):
+        out = step(*args, return_dict=True, **kwargs)
+        if return_dict:
+            return out
+        clean = getattr(out, "pred_original_sample", None)
+        if clean is None:
+            sigmas = getattr(scheduler, "sigmas", None)
+            if sigmas is None or float(sigmas[-1]) != 0.0:
+                raise ModelError(f"PixArtAlphaPipeline at 1 step needs the predicted clean sample, which "
+                                 f"{type(scheduler).__name__} does not give here; use 2 or more steps, or a scheduler "
+                                 f"that gives it (DDPM, DDIM, Euler, LCM)")
+            clean = out.prev_sample
+        return out.prev_sample, clean
+
+    scheduler.__dict__["step"] = step_with_clean_sample
+
+
+def pipeline_limit(pipe, option: str = "max_sequence_length") -> int | None:
+    """The default of a pipeline call's integer option (PixArt-alpha reads 120 prompt tokens, PixArt-Sigma 300)."""
+    try:
+        parameter = inspect.signature(type(pipe).__call__).parameters.get(option)
+    except (TypeError, ValueError):
+        return None
+    default = getattr(parameter, "default", None)
+    return default if isinstance(default, int) and not isinstance(default, bool) else None
+
+
 def run_pipeline(pipe, **call_kwargs):
     """Call the pipeline through a private copy (thread-safe) and tell active hooks about the call.
 
@@ -393,6 +432,8 @@ def run_pipeline(pipe, **call_kwargs):
     guidance = float(call_kwargs.get("guidance_scale", 5.0))
     total = int(call_kwargs.get("num_inference_steps") or 1)
     private = private_pipeline(pipe, call_kwargs.get("generator"))
+    if total == 1 and any(c.__name__ == "PixArtAlphaPipeline" for c in type(pipe).__mro__):
+        one_step_clean_sample(private.scheduler)
     callback = _STEP_CALLBACK.get()
     reports = callback is not None and "callback_on_step_end" not in call_kwargs
     call = GenerationCall(cfg=do_cfg(pipe, guidance), steps=total, scheduler=private.scheduler,
