@@ -351,6 +351,10 @@ def _features(args) -> int:
     else:
         from interp.ground_truth import world
 
+        from .probes import check_block_grid
+
+        for block in saes:  # the cards label by the world's cells: a block too coarse for them, before any image
+            check_block_grid(block, model.blocks[block].height, model.blocks[block].width, world("shapes"))
         prompts = world("shapes").prompts(args.world, args.world_seed)  # --world N: the shapes world's captions
         pool = generate_pool(model, list(saes), prompts, [args.seed + i for i in range(args.world)],
                              steps=args.steps)

@@ -22,7 +22,7 @@ from interp.atomic import atomic_write_text
 from interp.shipped import refuse_shipped
 
 from .pool import FEATURES_FILENAME, AnalysisPool, orphaned_cards, pool_fingerprint, write_pool
-from .probes import AnalysisConfig, analyse_block
+from .probes import AnalysisConfig, analyse_block, check_block_grid
 from .render import render_html
 from .sae import SAE
 from .strict_json import write_json
@@ -87,9 +87,12 @@ def analyse(saes: dict[str, tuple[SAE, Path]], pool: AnalysisPool, model_name: s
             raise FeaturesError(f"writing a new image pool to {pool_dir} would leave the cards of other blocks "
                                 f"({', '.join(orphaned)}) pointing into a pool that is gone; analyse those blocks "
                                 f"in the same run, choose another --pool-dir, or pass --overwrite")
-    out_dir.mkdir(parents=True, exist_ok=True)
     truth = pool.truth()
     scenes = truth.scenes(pool.prompts) if truth is not None else None
+    if scenes is not None:  # cards label features by the world's cells: a block too coarse for them is refused
+        for block in saes:
+            check_block_grid(block, *pool.updates[block].shape[-2:], truth)
+    out_dir.mkdir(parents=True, exist_ok=True)
     results, summaries = {}, {}
     for block, (sae, sae_dir) in saes.items():
         cards, summary = analyse_block(sae, pool.updates[block], scenes, config, truth=truth)

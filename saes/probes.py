@@ -48,6 +48,25 @@ class AnalysisConfig:
 
 # ----------------------------------------------------------------------------- targets
 
+class BlockGridError(ValueError):
+    """A block whose grid is too coarse for the world's cells: some cell holds none of its positions."""
+
+
+def check_block_grid(block: str, height: int, width: int, truth) -> None:
+    """A BlockGridError, in one line, unless every grid cell of the world holds at least one of the block's
+    positions (a 2 x 2 block against the shapes world's 3 x 3 cells: the middle row and column hold none, so no
+    cell statistic, probe or label can be read there)."""
+    empty = []
+    for cell in truth.cells:
+        rows, cols = _cell_rows_cols(cell, height, width, truth)
+        if rows.stop <= rows.start or cols.stop <= cols.start:
+            empty.append(cell)
+    if empty:
+        raise BlockGridError(f"{block} is a {height} x {width} grid, too coarse for the world's {len(truth.cells)} "
+                             f"cells ({len(empty)} of them, e.g. {empty[0]!r}, hold no position of it): no cell statistic or label "
+                             f"can be read there; analyse a block with a finer grid")
+
+
 def _cell_rows_cols(cell: str, height: int, width: int, truth) -> tuple[slice, slice]:
     """The block positions (rows, columns) inside a grid cell: the world's `cell_box` at the block's size."""
     _, y0, _, y1 = truth.cell_box(cell, height)
@@ -113,6 +132,7 @@ def _per_cell(values: torch.Tensor, reduce: str, truth) -> torch.Tensor:
     """values (images, height, width, features) -> (images * cells, features): each grid cell's `reduce`
     ("amax" or "mean") over its block positions (the world's `cell_box` at the block's size)."""
     n, h, w, f = values.shape
+    check_block_grid("the block", h, w, truth)
     cells = []
     for cell in truth.cells:
         rows, cols = _cell_rows_cols(cell, h, w, truth)
