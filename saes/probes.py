@@ -63,8 +63,8 @@ def check_block_grid(block: str, height: int, width: int, truth) -> None:
             empty.append(cell)
     if empty:
         raise BlockGridError(f"{block} is a {height} x {width} grid, too coarse for the world's {len(truth.cells)} "
-                             f"cells ({len(empty)} of them, e.g. {empty[0]!r}, hold no position of it): no cell statistic or label "
-                             f"can be read there; analyse a block with a finer grid")
+                             f"cells ({len(empty)} of them, e.g. {empty[0]!r}, hold no position of it): no cell "
+                             f"statistic or label can be read there; analyse a block with a finer grid")
 
 
 def _cell_rows_cols(cell: str, height: int, width: int, truth) -> tuple[slice, slice]:
