@@ -232,7 +232,7 @@ def _load_model(args):
     torch.set_num_threads(args.threads)
     model = load_t2i(args.model, device=getattr(args, "device", None), dtype=t2i_dtype(getattr(args, "dtype", None)))
     # --steps / --guidance replace the model's defaults for every generation of the command
-    # (a pipeline directory outside the known names defaults to 30 steps with guidance).
+    # (a pipeline outside the known names defaults to its pipeline class's own steps and guidance).
     if getattr(args, "steps", None) is not None:
         model.check_request(args.steps)
         model.default_steps = args.steps

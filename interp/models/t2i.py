@@ -192,7 +192,7 @@ class T2IModel:
         # Each of the family's tokenizers reads the prompt; one that would cut it short is an error, not a
         # silent truncation (the limit is the pipeline's max_sequence_length where it has one: the family's
         # figure, or the pipeline call's own default where that is lower, as PixArt-alpha's 120 of PixArt's 300).
-        sequence_limit = pipeline_limit(self.pipe)
+        sequence_limit = pipeline_default(self.pipe, "max_sequence_length")
         for attribute, limit in self.family.tokenizers:
             tokenizer = getattr(self.pipe, attribute, None)
             if tokenizer is None:
@@ -411,14 +411,17 @@ def one_step_clean_sample(scheduler) -> None:
     scheduler.__dict__["step"] = step_with_clean_sample
 
 
-def pipeline_limit(pipe, option: str = "max_sequence_length") -> int | None:
-    """The default of a pipeline call's integer option (PixArt-alpha reads 120 prompt tokens, PixArt-Sigma 300)."""
+def pipeline_default(pipe, option: str, kind: type = int):
+    """The default of a pipeline call's numeric option (`max_sequence_length`: PixArt-alpha reads 120 prompt
+    tokens, PixArt-Sigma 300; `num_inference_steps`, `guidance_scale`), or None where it has none."""
     try:
         parameter = inspect.signature(type(pipe).__call__).parameters.get(option)
     except (TypeError, ValueError):
         return None
     default = getattr(parameter, "default", None)
-    return default if isinstance(default, int) and not isinstance(default, bool) else None
+    if isinstance(default, bool) or not isinstance(default, (int, float)) or (kind is int and default != int(default)):
+        return None
+    return kind(default)
 
 
 def run_pipeline(pipe, **call_kwargs):
@@ -522,6 +525,16 @@ def text_stream_info(denoiser, pipe=None) -> dict[str, TextStreamInfo]:
     return {text_site(b): TextStreamInfo(text_site(b), b, channels, tokens) for b in family.text_blocks(denoiser)}
 
 
+def registry_entry(source: str) -> KnownModel | None:
+    """The KNOWN_MODELS entry of a hub repository id given as such (`stabilityai/sdxl-turbo`), or of a Hugging Face
+    cache snapshot of it (`.../models--stabilityai--sdxl-turbo/snapshots/<commit>`: the cache's own layout)."""
+    repo = source
+    parts = Path(source).parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        repo = parts[-3][len("models--"):].replace("--", "/")
+    return next((m for m in KNOWN_MODELS.values() if not m.embedded and m.source == repo), None)
+
+
 def resolve(name_or_path: str) -> tuple[str, KnownModel | None]:
     if name_or_path in KNOWN_MODELS:
         return KNOWN_MODELS[name_or_path].source, KNOWN_MODELS[name_or_path]
@@ -600,8 +613,13 @@ def load_t2i(name_or_path: str = "toy", device: str | None = None, dtype: torch.
     vocab_file = Path(source) / "tokenizer" / "vocabulary.json" if local else None
     if vocab_file is not None and vocab_file.exists():
         vocabulary = frozenset(json.loads(vocab_file.read_text()))
-    steps = known.default_steps if known else (1 if "turbo" in source.lower() else 30)
-    guidance = known.default_guidance if known else (0.0 if steps == 1 else 5.0)
+    known = known or registry_entry(source)
+    if known:
+        steps, guidance = known.default_steps, known.default_guidance
+    else:  # the pipeline class's own defaults (diffusers': SDXL 50 steps at guidance 5, PixArt 20 at 4.5, ...)
+        steps = pipeline_default(pipe, "num_inference_steps", int) or 30
+        guidance = pipeline_default(pipe, "guidance_scale", float)
+        guidance = 5.0 if guidance is None else guidance
     return t2i_model(pipe, name_or_path, default_steps=steps, default_guidance=guidance, vocabulary=vocabulary,
                      blocks=default_blocks(name_or_path), world=known.world if known else None)
 
