@@ -388,3 +388,95 @@ def test_a_dit_works_end_to_end_from_the_command_line(family, tmp_path):
     with apply_edits(model, [Edit(block, "add", feature=3, strength=8.0, mask=mask)], saes={block: sae}):
         painted = model.generate("red circle", seed=0, steps=1, guidance=2.0, output_type="latent")
     assert not torch.equal(torch.as_tensor(plain), torch.as_tensor(painted))
+
+
+# ----------------------------------------------------------------------------- stochastic schedulers (issue 41)
+#
+# Euler-ancestral, DPM++ 2M SDE, LCM and FlowMatch's stochastic sampling add fresh noise at every step. It must come
+# from the request's seeds (one generator per image), not torch's global generator: each run below first sets the
+# global generator to another state, so a draw from it would show as a difference.
+
+def _stochastic(name: str):
+    from diffusers import DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler, FlowMatchEulerDiscreteScheduler, \
+        LCMScheduler
+
+    if name == "euler-ancestral":
+        return tiny_model("sd1", scheduler=EulerAncestralDiscreteScheduler(steps_offset=1), steps=3)
+    if name == "dpm++-2m-sde":
+        return tiny_model("sd1", scheduler=DPMSolverMultistepScheduler(algorithm_type="sde-dpmsolver++",
+                                                                       steps_offset=1), steps=3)
+    if name == "lcm":
+        return tiny_model("sd1", scheduler=LCMScheduler(steps_offset=1), steps=3, guidance=0.0)
+    # FLUX's pipeline passes no generator to its scheduler's step (SD3's neither): the workbench seeds it
+    return tiny_model("flux", scheduler=FlowMatchEulerDiscreteScheduler(stochastic_sampling=True), steps=3)
+
+
+STOCHASTIC = ("euler-ancestral", "dpm++-2m-sde", "lcm", "flux-stochastic")
+
+
+def stochastic_model(name: str):
+    if name not in _MODELS:
+        _MODELS[name] = _stochastic(name)
+    return _MODELS[name]
+
+
+def _run(model, run, global_seed: int):
+    torch.manual_seed(global_seed)  # a stray draw from the global generator would differ between runs
+    return run()
+
+
+@pytest.mark.parametrize("name", STOCHASTIC)
+def test_a_stochastic_scheduler_gives_the_same_images_for_the_same_seeds(name):
+    model = stochastic_model(name)
+    run = lambda: model.generate(PROMPTS, seed=[1, 2], output_type="latent")  # noqa: E731
+    first, second = _run(model, run, 10), _run(model, run, 11)
+    assert torch.equal(first, second)
+    # an image's noise is its own seed's, whatever batch it is generated in
+    alone = _run(model, lambda: model.generate(PROMPTS[1:], seed=[2], output_type="latent"), 12)
+    torch.testing.assert_close(alone[0], first[1], rtol=0, atol=1e-5)
+    # and another seed is another image: the step noise does depend on the seed
+    other = _run(model, lambda: model.generate(PROMPTS, seed=[1, 3], output_type="latent"), 10)
+    assert torch.equal(other[0], first[0]) and not torch.allclose(other[1], first[1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_gives_the_same_images_for_the_same_seeds(family):
+    model = model_of(family)
+    run = lambda: model.generate(PROMPTS, seed=[1, 2], output_type="latent")  # noqa: E731
+    assert torch.equal(_run(model, run, 10), _run(model, run, 11))
+
+
+@pytest.mark.parametrize("name", ["euler-ancestral", "flux-stochastic"])
+def test_stores_of_a_stochastic_scheduler_are_identical_and_hold_their_seeds_true_updates(name, tmp_path):
+    """Two collections of one plan are the same store, and each image's stored updates are those of its seed
+    generated alone (collect batches two images a generation)."""
+    from interp.collect import CollectionPlan, collect
+    from interp.store import ActivationStore
+
+    model = stochastic_model(name)
+    block = model.default_blocks[0]
+    plan = CollectionPlan(model=model.name, blocks=[block], prompts=PROMPTS, seeds=[4, 5], steps=3, guidance=3.0,
+                          images_per_shard=2)
+    for run, global_seed in (("a", 20), ("b", 21)):
+        _run(model, lambda: collect(model, plan, tmp_path / run, progress=False), global_seed)
+    stores = [ActivationStore(tmp_path / run) for run in ("a", "b")]
+    for image, (prompt, seed) in enumerate(zip(PROMPTS, [4, 5])):
+        assert torch.equal(stores[0].image(image, block), stores[1].image(image, block))
+        with capture_updates(model, [block]) as cap:
+            _run(model, lambda: model.generate(prompt, seed=seed, guidance=3.0, steps=3, output_type="latent"), 22)
+        torch.testing.assert_close(stores[0].image(image, block), cap.updates(block, "cond")[:, 0].half().float(),
+                                   rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("name", ["dpm++-2m-sde", "flux-stochastic"])
+def test_a_paint_of_strength_zero_leaves_a_stochastic_generation_unchanged(name):
+    model = stochastic_model(name)
+    block = model.default_blocks[0]
+    info = model.blocks[block]
+    mask = torch.zeros(info.height, info.width)
+    mask[: info.height // 2] = 1.0
+    plain = _run(model, lambda: model.generate(PROMPTS, seed=[1, 2], output_type="latent"), 30)
+    with apply_edits(model, [Edit(block, "add", direction=torch.ones(info.channels).tolist(), strength=0.0,
+                                  mask=mask.tolist())]):
+        painted = _run(model, lambda: model.generate(PROMPTS, seed=[1, 2], output_type="latent"), 31)
+    assert torch.equal(plain, painted)
