@@ -330,3 +330,44 @@ def test_features_command_on_a_saved_pipeline_and_its_errors(tmp_path, capsys):
     assert "reads 32 channels but mid_block.attentions.0 has 64" in capsys.readouterr().err
     assert main(["features", "--model", saved_random_pipeline(), "--sae", str(root), "--out", str(tmp_path)]) == 2
     assert "--store DIR or --world N" in capsys.readouterr().err
+
+
+def test_a_block_too_coarse_for_the_worlds_cells_is_refused_before_any_work(tmp_path, capsys):
+    """SD 1.x's deepest block at a small size: a 2 x 2 grid against the shapes world's 3 x 3 cells, where the middle
+    row and column hold no block position (amax's IndexError of old). One line, no image generated, nothing
+    written; a 3 x 3 block is read."""
+    import sys
+    from pathlib import Path
+
+    from saes.__main__ import main
+    from saes.probes import BlockGridError, cell_means
+
+    with pytest.raises(BlockGridError, match="2 x 2 grid, too coarse for the world's 9 cells"):
+        cell_maxima(torch.ones(2, 2, 2, 4), truth=WORLD)
+    assert cell_means(torch.ones(2, 4, 3, 3), truth=WORLD).shape == (2 * 9, 4)
+
+    # analyse: refused before anything is written
+    scenes = _scenes(4)
+    pool = AnalysisPool(np.zeros((4, 8, 8, 3), np.uint8), [WORLD.caption(s) for s in scenes], [0, 1, 2, 3],
+                        {"mid_block.attentions.0": torch.ones(4, 4, 2, 2)})
+    with pytest.raises(BlockGridError):
+        analyse({"mid_block.attentions.0": (_identity_sae(4), tmp_path / "sae")}, pool, "tiny", tmp_path / "out",
+                pool_dir=tmp_path / "pool")
+    assert not any((tmp_path / d).exists() for d in ("out", "pool", "sae"))
+
+    # the command on a tiny SD 1.x whose mid block is 2 x 2 at its default size
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_diffusers import tiny_pipeline
+
+    pipe = tiny_pipeline("sd1")
+    pipe.unet.register_to_config(sample_size=4)  # 8 px images: the mid block (second level) is 2 x 2
+    pipe.save_pretrained(tmp_path / "sd1")
+    sae_dir = tmp_path / "sae" / "mid_block.attentions.0"
+    SAE(SAEConfig(architecture="topk", d_in=16, d_sae=8, k=2, metadata={"hook_name": "mid_block.attentions.0"})
+        ).save(sae_dir)
+    assert main(["features", "--model", str(tmp_path / "sd1"), "--sae", str(sae_dir), "--world", "4",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()  # above it: the pipeline's loading bars
+    assert err.splitlines()[-1].startswith("error: mid_block.attentions.0 is a 2 x 2 grid") and "Traceback" not in err
+    assert not (tmp_path / "out").exists() and sorted(p.name for p in sae_dir.iterdir()) == \
+        ["cfg.json", "sae_weights.safetensors"]
