@@ -397,8 +397,8 @@ def test_a_dit_works_end_to_end_from_the_command_line(family, tmp_path):
 # global generator to another state, so a draw from it would show as a difference.
 
 def _stochastic(name: str):
-    from diffusers import DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler, FlowMatchEulerDiscreteScheduler, \
-        LCMScheduler
+    from diffusers import (DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
+                           FlowMatchEulerDiscreteScheduler, LCMScheduler)
 
     if name == "euler-ancestral":
         return tiny_model("sd1", scheduler=EulerAncestralDiscreteScheduler(steps_offset=1), steps=3)
