@@ -96,6 +96,15 @@ def _family_config(label: str, vocab_size: int):
         "opt-350m": lambda: T.OPTConfig(vocab_size=vocab_size, hidden_size=32, ffn_dim=48, num_hidden_layers=2,
                                         num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=16,
                                         do_layer_norm_before=False, dropout=0.0, **ids),
+        # TransformerLens' bridges of these three compute other numbers than the models (the suite checks that
+        # --backend transformer_lens refuses them); the site table has no family for them
+        "cohere": lambda: T.CohereConfig(**llama_like),
+        "cohere2": lambda: T.Cohere2Config(**llama_like, sliding_window=4),
+        "deepseek_v3": lambda: T.DeepseekV3Config(**{**llama_like, "num_key_value_heads": 4}, q_lora_rank=16,
+                                                  kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4,
+                                                  v_head_dim=8, moe_intermediate_size=16, n_routed_experts=4,
+                                                  num_experts_per_tok=2, n_group=1, topk_group=1,
+                                                  first_k_dense_replace=1),
     }
     if label not in builders:
         raise ValueError(f"no tiny config for {label!r}; known: {', '.join(builders)}")

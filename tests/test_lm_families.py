@@ -24,7 +24,8 @@ import torch
 
 from flowlens.tiny import tiny_family_lm, word_level_tokenizer
 from interp.hooks.lm import capture_residuals, model_sites, residual_hook_names
-from interp.hooks.lm_sites import VERIFIED_ARCHITECTURES, LMHookError, family_of, lm_sites, verified_table
+from interp.hooks.lm_sites import (TRANSFORMER_LENS_REFUSED, VERIFIED_ARCHITECTURES, LMHookError, family_of, lm_sites,
+                                   verified_table)
 
 LABELS = [label for label, _, _ in VERIFIED_ARCHITECTURES]
 WORDS = "the cat sat on a mat and then it ran to see what the dog did with one red ball".split()
@@ -42,9 +43,12 @@ ATTENTION_SIDE = {
 }
 
 
+PARALLEL = {"gpt_neox", "cohere", "cohere2"}  # attention and MLP read the same input: no resid_mid
+
+
 def attention_side(label: str) -> tuple[str, str] | None:
-    if label == "gpt_neox":
-        return None  # parallel: no resid_mid
+    if label in PARALLEL:
+        return None
     return ATTENTION_SIDE.get(label, ("self_attn", "add"))
 
 
@@ -237,9 +241,10 @@ def test_transformer_lens_backend_reads_the_same_residuals_or_refuses_in_one_lin
     try:
         tl = load_lm(tmp_path, backend="transformer_lens")
     except LMError as error:
-        assert label == "opt-350m", f"{label}: {error}"
-        assert "\n" not in str(error) and "--backend hf" in str(error)
+        assert label in TRANSFORMER_LENS_REFUSED, f"{label}: {error}"
+        assert "\n" not in str(error) and "--backend hf" in str(error) and "computes other" in str(error)
         return
+    assert label not in TRANSFORMER_LENS_REFUSED, f"{label}: TransformerLens is right now: update the table"
     sites = model_sites(hf)
     assert model_sites(tl) == sites
     _generation_and_steering_agree(hf, tl, sites)
