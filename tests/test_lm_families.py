@@ -365,3 +365,44 @@ def test_flowlens_commands_take_the_backend(models, label, tmp_path, capsys):
     error = capsys.readouterr().err.strip()
     assert code == 2 and error.count("\n") == 0 and "--backend hf" in error, error
     assert not (tmp_path / "run").exists()
+
+
+def test_greedy_decoding_of_a_model_outside_the_table_is_checked_against_its_full_forward(tmp_path, capsys):
+    """A Mamba keeps its own state and does not decode through the workbench's KV cache and padding: its cached
+    logits differ from a full forward pass, so `flowlens refusals --backend hf` refuses it in one line and writes
+    nothing; on transformer_lens (TransformerLens' bridge, its logits checked at load; a full pass per token) the
+    completion is the model's own greedy one."""
+    import json
+
+    import transformers as T
+
+    from flowlens.__main__ import main
+    from interp.models.generation import check_cached_decoding
+
+    torch.manual_seed(0)
+    mamba = T.MambaForCausalLM(T.MambaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, state_size=4,
+                                             pad_token_id=0, bos_token_id=2, eos_token_id=3)).eval()
+    mamba.save_pretrained(tmp_path / "mamba")
+    TOKENIZER.save_pretrained(tmp_path / "mamba")
+    prompt = " ".join(WORDS[:5])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": prompt, "kind": "benign"}) + "\n")
+    runs = {}
+    for backend in ("hf", "transformer_lens"):
+        out = tmp_path / f"{backend}.json"
+        capsys.readouterr()
+        code = main(["refusals", "--model", str(tmp_path / "mamba"), "--prompts", str(prompts),
+                     "--max-new-tokens", "4", "--out", str(out), "--backend", backend])
+        runs[backend] = code, out, capsys.readouterr().err.strip().splitlines()
+    code, out, error = runs["hf"]
+    refusal = error[-1]  # (the lines above it: transformers' loading bar)
+    assert code == 2 and "mamba" in refusal and "--backend transformer_lens" in refusal and not out.exists()
+    code, out, _ = runs["transformer_lens"]
+    ids = TOKENIZER(prompt)["input_ids"]
+    with torch.no_grad():
+        for _ in range(4):  # the model's own greedy continuation: a full forward pass per token
+            ids.append(int(mamba(torch.tensor([ids])).logits[0, -1].argmax()))
+    expected = TOKENIZER.decode(ids[-4:], skip_special_tokens=True).strip()
+    assert code == 0 and json.loads(out.read_text())["rows"][0]["completion"] == expected
+    # a transformer of the table passes the same check (its cache is the suite's), so the check tells them apart
+    check_cached_decoding(tiny_family_lm("cohere2", VOCAB), [TOKENIZER(" ".join(WORDS[:7]))["input_ids"]], set(), 0)

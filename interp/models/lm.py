@@ -168,7 +168,8 @@ def reference_run(hf_model, ids: torch.Tensor, mask: torch.Tensor) -> dict:
     """What the Hugging Face model computes on the probe, taken before anything wraps it: ``logits`` and
     ``streams`` (hook name -> (batch, positions, d_model)): every site of the site table where the family is known
     (resid_mid included), otherwise resid_pre of every layer and resid_post of all but the last (the model's own
-    ``output_hidden_states``)."""
+    ``output_hidden_states``) where its first hidden state is seen to be the input embeddings, else none (the
+    TransformerLens model's logits are checked, and its residual hook points are not offered)."""
     from ..hooks.lm import capture_residuals, residual_hook_names
     from ..hooks.lm_sites import find_family, lm_sites
 
@@ -181,10 +182,17 @@ def reference_run(hf_model, ids: torch.Tensor, mask: torch.Tensor) -> dict:
                              backend="hf", name="reference")
         streams = capture_residuals(view, ids, mask, residual_hook_names(n_layers, lm_sites(hf_model).sites()))
     else:
-        hidden = out.hidden_states
-        streams = {f"blocks.{layer}.hook_resid_pre": hidden[layer].float().cpu().clone() for layer in range(n_layers)}
-        streams.update({f"blocks.{layer}.hook_resid_post": hidden[layer + 1].float().cpu().clone()
-                        for layer in range(n_layers - 1)})
+        hidden = out.hidden_states or ()
+        embedding = hf_model.get_input_embeddings()
+        streams = {}
+        # the usual convention (the embeddings, then each layer's output) is used only where it is seen to hold:
+        # a Mamba's hidden states start after its first layer, a scaled embedding would not be the stream either
+        if (len(hidden) == n_layers + 1 and isinstance(embedding, torch.nn.Module)
+                and torch.equal(hidden[0], embedding(ids).to(hidden[0].dtype))):
+            streams = {f"blocks.{layer}.hook_resid_pre": hidden[layer].float().cpu().clone()
+                       for layer in range(n_layers)}
+            streams.update({f"blocks.{layer}.hook_resid_post": hidden[layer + 1].float().cpu().clone()
+                            for layer in range(n_layers - 1)})
     return {"logits": out.logits.float().cpu().clone(), "streams": streams}
 
 
