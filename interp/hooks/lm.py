@@ -91,10 +91,15 @@ def check_hooks(lm, names: Iterable[str]) -> None:
         sites = transformer_lens_sites(lm.model)
         for name, (_, hook) in zip(names, parsed):
             if hook not in sites:
-                reason = ("computes attention and MLP in parallel: it has no resid_mid"
-                          if hook == "resid_mid" and f"blocks.0.hook_{hook}" not in lm.model.hook_dict else
-                          f"has {hook} hook points that could not be checked against the Hugging Face model (the "
-                          f"site table has no family for it)")
+                in_table = lm.model.__dict__.get("_interp_in_table", True)
+                if not sites:
+                    raise LMHookError(f"no residual hook point of {lm.name} could be checked against the Hugging Face "
+                                      f"model (its family is not in the site table and its hidden states are not "
+                                      f"the residual stream): it generates on --backend transformer_lens, but "
+                                      f"captures, steering and SAEs are refused")
+                reason = ("computes attention and MLP in parallel: it has no resid_mid" if in_table else
+                          f"has no {hook} that could be checked against the Hugging Face model (its family is not "
+                          f"in the site table)")
                 raise LMHookError(f"{lm.name} {reason}; {_describe_valid(lm.n_layers, sites)}")
             if name not in lm.model.hook_dict:
                 raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(lm.n_layers, sites)}")

@@ -85,22 +85,40 @@ def _opt(config) -> dict:
     return {"mlp_input": "fc1", "mid_add": "final_layer_norm"}
 
 
+def _llama(config) -> dict:
+    # StableLM's parallel layout (use_parallel_residual): attention and MLP read one input_layernorm
+    return {"mlp_input": None} if getattr(config, "use_parallel_residual", False) else {}
+
+
+def _falcon(config) -> dict:
+    # Falcon-7B (parallel_attn) and Falcon-40B/180B (new_decoder_architecture: ln_attn, ln_mlp) are parallel
+    parallel = getattr(config, "new_decoder_architecture", False) or getattr(config, "parallel_attn", True)
+    return {"mlp_input": None} if parallel else {}
+
+
 def _plain_llama(model) -> bool:
     return type(model).__name__ == "LlamaForCausalLM" and llama_converts_exactly(model.config)
 
 
 FAMILIES: tuple[LMFamily, ...] = (
     LMFamily("llama", ("llama", "exaone", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo", "granite",
-                       "deepseek_v3"),
+                       "deepseek_v3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "smollm3", "glm",
+                       "glm4", "starcoder2", "stablelm", "gpt_oss", "llama4_text"),
              layers="model.layers", mlp_input="post_attention_layernorm", final_norm="model.norm",
-             logit_scale=lambda c: 1.0 / float(getattr(c, "logits_scaling", 1.0) or 1.0),
+             logit_scale=lambda c: 1.0 / float(getattr(c, "logits_scaling", 1.0) or 1.0), adjust=_llama,
              classes=("LlamaForCausalLM",), hooked_transformer=llama_to_hooked_transformer, converts=_plain_llama),
     LMFamily("gemma2", ("gemma2", "gemma3_text"), layers="model.layers", mlp_input="pre_feedforward_layernorm",
              final_norm="model.norm"),
-    LMFamily("olmo2", ("olmo2",), layers="model.layers", mlp_input="mlp", final_norm="model.norm"),
+    LMFamily("olmo2", ("olmo2", "exaone4"), layers="model.layers", mlp_input="mlp", final_norm="model.norm"),
     LMFamily("cohere", ("cohere", "cohere2"), layers="model.layers", mlp_input=None, final_norm="model.norm",
              logit_scale=lambda c: float(getattr(c, "logit_scale", 1.0) or 1.0)),
-    LMFamily("gpt2", ("gpt2",), layers="transformer.h", mlp_input="ln_2", final_norm="transformer.ln_f",
+    LMFamily("phi", ("phi",), layers="model.layers", mlp_input=None, final_norm="model.final_layernorm"),
+    LMFamily("gptj", ("gptj",), layers="transformer.h", mlp_input=None, final_norm="transformer.ln_f"),
+    LMFamily("falcon", ("falcon",), layers="transformer.h", mlp_input="post_attention_layernorm",
+             final_norm="transformer.ln_f", adjust=_falcon),
+    LMFamily("bloom", ("bloom",), layers="transformer.h", mlp_input="post_attention_layernorm",
+             final_norm="transformer.ln_f"),
+    LMFamily("gpt2", ("gpt2", "gpt_bigcode"), layers="transformer.h", mlp_input="ln_2", final_norm="transformer.ln_f",
              classes=("GPT2LMHeadModel",), hooked_transformer=gpt2_to_hooked_transformer,
              converts=lambda model: type(model).__name__ == "GPT2LMHeadModel"),
     LMFamily("gpt_neox", ("gpt_neox",), layers="gpt_neox.layers", mlp_input="post_attention_layernorm",
@@ -134,7 +152,32 @@ VERIFIED_ARCHITECTURES: tuple[tuple[str, str, str], ...] = (
     ("cohere", "cohere", "parallel attention and MLP, LayerNorm without bias, logit_scale"),
     ("cohere2", "cohere2", "as Cohere, with sliding-window layers"),
     ("deepseek_v3", "deepseek_v3", "multi-head latent attention, routed experts after a dense layer"),
+    ("mixtral", "mixtral", "routed experts (sparse MoE)"),
+    ("qwen2_moe", "qwen2_moe", "routed and shared experts, q/k/v biases"),
+    ("qwen3_moe", "qwen3_moe", "routed experts, q/k norms"),
+    ("olmoe", "olmoe", "routed experts, q/k norms"),
+    ("granitemoe", "granitemoe", "routed experts with Granite's multipliers and logits_scaling"),
+    ("gpt_oss", "gpt_oss", "routed experts, attention sinks, sliding-window layers"),
+    ("llama4_text", "llama4_text", "routed and shared experts, chunked attention, layers without rope"),
+    ("smollm3", "smollm3", "layers without rope"),
+    ("exaone", "exaone", "EXAONE 3: loads as LlamaForCausalLM (matched by model_type and by class)"),
+    ("exaone4", "exaone4", "post-norm as OLMo-2, q/k norms, sliding-window layers"),
+    ("glm", "glm", "fused gate-up projection, partial rotary"),
+    ("glm4", "glm4", "normalised attention and MLP outputs (four norms a layer)"),
+    ("starcoder2", "starcoder2", "LayerNorm with biases, plain MLP"),
+    ("stablelm", "stablelm", "LayerNorm, partial rotary"),
+    ("stablelm-parallel", "stablelm", "use_parallel_residual=True: no resid_mid"),
+    ("phi", "phi", "parallel attention and MLP, partial rotary, biased head"),
+    ("gptj", "gptj", "parallel attention and MLP, interleaved rotary, biased head"),
+    ("falcon-7b", "falcon", "parallel attention and MLP, multi-query attention"),
+    ("falcon-40b", "falcon", "new_decoder_architecture: ln_attn and ln_mlp in parallel, grouped kv"),
+    ("falcon-sequential", "falcon", "parallel_attn=False with ALiBi (Falcon-RW)"),
+    ("gpt_bigcode", "gpt_bigcode", "multi-query attention, GPT-2 layout (StarCoder 1)"),
+    ("bloom", "bloom", "ALiBi, embedding LayerNorm, attention and MLP add the residual themselves"),
 )
+
+# The rows whose config makes their layer parallel (attention and MLP read the same input: no resid_mid).
+PARALLEL_LABELS = ("gpt_neox", "cohere", "cohere2", "stablelm-parallel", "phi", "gptj", "falcon-7b", "falcon-40b")
 
 # The verified architectures whose TransformerLens model (`--backend transformer_lens`) computes other numbers
 # than the Hugging Face model, measured on the suite's tiny models: `interp.models.lm.load_lm` refuses them in
@@ -144,6 +187,8 @@ TRANSFORMER_LENS_REFUSED: dict[str, str] = {
     "cohere": "the bridge's logits are off from position 1 on (rotary convention)",
     "cohere2": "the bridge's logits are off from position 1 on (rotary convention)",
     "deepseek_v3": "the bridge's attention computes other logits",
+    "falcon-40b": "TransformerLens cannot run the layout (its fused qkv split fails)",
+    "falcon-sequential": "the bridge's logits are off (5e-4 of the largest)",
 }
 
 
@@ -243,9 +288,10 @@ class LMSites:
 
     def readout(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """x (n, d_model), the stream leaving the last layer -> the logits (n, vocab) the model computes from it
-        (final norm, output head, logit scaling; soft-capping is left out: see `logit_effects`)."""
+        (final norm, output head, logit scaling, and the final soft-cap ``c * tanh(logits / c)`` of Gemma 2/3)."""
         norm, head = self.readout_modules()
         scale = self.family.logit_scale(self.config)
+        cap = getattr(self.config, "final_logit_softcapping", None)
 
         def read(x: torch.Tensor) -> torch.Tensor:
             x = x[:, None, :]  # (n, 1, d): modules take positions
@@ -253,7 +299,8 @@ class LMSites:
                 x = norm(x)
             for module in head:
                 x = module(x)
-            return x[:, 0, :] * scale
+            logits = x[:, 0, :] * scale
+            return cap * torch.tanh(logits / cap) if cap else logits
 
         return read
 
@@ -402,13 +449,13 @@ def verified_table() -> str:
             "|---|---|---|---|---|---|"]
     for label, model_type, note in VERIFIED_ARCHITECTURES:
         family = next(f for f in FAMILIES if model_type in f.model_types)
-        mid = "none (parallel)" if label == "gpt_neox" or family.mlp_input is None else (
+        mid = "none (parallel)" if label in PARALLEL_LABELS or family.mlp_input is None else (
             "`fc1` input" if label == "opt-350m" else f"`{family.mlp_input}` input")
         tl = f"refused: {TRANSFORMER_LENS_REFUSED[label]}" if label in TRANSFORMER_LENS_REFUSED else "same numbers"
         rows.append(f"| {label} | `{model_type}` | {family.name} | {mid} | {tl} | {note} |")
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["FAMILIES", "LMFamily", "LMHookError", "LMSiteError", "LMSites", "TRANSFORMER_LENS_REFUSED", "VERIFIED_ARCHITECTURES", "family_of",
+__all__ = ["FAMILIES", "LMFamily", "LMHookError", "LMSiteError", "LMSites", "PARALLEL_LABELS", "TRANSFORMER_LENS_REFUSED", "VERIFIED_ARCHITECTURES", "family_of",
            "find_family", "hf_base_model",
            "linear_logit_effects", "lm_sites", "orthogonal_reference", "register_stream_hooks", "verified_table"]

@@ -231,7 +231,9 @@ def verify_transformer_lens(name: str, lm: "LanguageModel", config, reference: d
         with torch.no_grad():
             logits = lm.model(ids, attention_mask=mask, return_type="logits")
         names = [n for n in reference["streams"] if n in lm.model.hook_dict]
-        captured = capture_residuals(lm, ids, mask, names)
+        last = f"blocks.{lm.n_layers - 1}.hook_resid_post"
+        captured = capture_residuals(lm, ids, mask, list(dict.fromkeys(names + [last]))) \
+            if last in lm.model.hook_dict else capture_residuals(lm, ids, mask, names)
     except LMError:
         raise
     except Exception as error:  # noqa: BLE001 - TransformerLens raises many kinds; all mean "cannot run this"
@@ -245,9 +247,34 @@ def verify_transformer_lens(name: str, lm: "LanguageModel", config, reference: d
         difference, position = _relative_difference(reference["streams"][hook], captured[hook], mask)
         if not difference <= tolerance:
             raise refuse(f"{hook}", difference, position)
+    lm.model.__dict__["_interp_readout"] = _check_readout(name, lm, captured.get(last), reference, mask, tolerance,
+                                                         way_out)
     return tuple(k for k in RESIDUAL_HOOKS if any(n.endswith(f".hook_{k}") for n in names)
                  and all(f"blocks.{layer}.hook_{k}" in names or (k == "resid_post" and layer == lm.n_layers - 1)
                          for layer in range(lm.n_layers)))
+
+
+def _check_readout(name: str, lm: "LanguageModel", stream, reference: dict, mask: torch.Tensor, tolerance: float,
+                   way_out: str):
+    """True when the readout feature cards use (`interp.hooks.lm_steer.readout`) turns the model's own last
+    resid_post into its logits on the probe; otherwise the one line that `logit_effects` will refuse with."""
+    from ..hooks.lm_steer import readout
+
+    what = f"feature cards' logit effects on --backend transformer_lens for {name!r}"
+    if stream is None:
+        return f"{what}: the model has no last-layer resid_post hook point to read out from. {way_out}"
+    try:
+        keep = mask.bool().cpu()
+        with torch.no_grad():
+            logits = readout(lm)(stream[keep].to(device=lm.device, dtype=next(lm.model.parameters()).dtype))
+    except Exception as error:  # noqa: BLE001 - any failure of the readout means no cards from it
+        return f"{what}: its final norm and unembedding cannot be run alone ({type(error).__name__}). {way_out}"
+    ours = reference["logits"][keep]
+    difference = ((logits.float().cpu() - ours).abs().max() / ours.abs().max().clamp_min(1e-12)).item()
+    if not difference <= tolerance:
+        return (f"{what}: its final norm and unembedding give other logits than the model (off by {difference:.2g}). "
+                f"{way_out}")
+    return True
 
 
 def bridge_hf_model(name: str, hf_model, tokenizer, device: str = "cpu", dtype: torch.dtype = torch.float32):
@@ -306,6 +333,7 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
     lm = LanguageModel(hooked, tokenizer, n_layers=hooked.cfg.n_layers, d_model=hooked.cfg.d_model,
                        n_ctx=hooked.cfg.n_ctx, backend="transformer_lens", name=name)
     hooked.__dict__["_interp_sites"] = verify_transformer_lens(name, lm, config, reference, ids, mask, dtype)
+    hooked.__dict__["_interp_in_table"] = family is not None
     return lm
 
 
