@@ -55,7 +55,8 @@ def llama_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
     n_kv = c.num_key_value_heads if c.num_key_value_heads != c.num_attention_heads else None
     cfg = HookedTransformerConfig(
         n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads, d_head=d_head,
-        d_mlp=c.intermediate_size, d_vocab=c.vocab_size, n_ctx=min(context_length(c) or 2048, TL_MAX_CTX), act_fn=c.hidden_act,
+        d_mlp=c.intermediate_size, d_vocab=c.vocab_size, n_ctx=min(context_length(c) or 2048, TL_MAX_CTX),
+        act_fn=c.hidden_act,
         eps=c.rms_norm_eps, normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=d_head,
         rotary_base=theta, rotary_adjacent_pairs=False, final_rms=True, gated_mlp=True, n_key_value_heads=n_kv,
         original_architecture="LlamaForCausalLM", default_prepend_bos=False, dtype=hf_model.dtype, device=device)

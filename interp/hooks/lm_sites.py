@@ -445,8 +445,8 @@ def linear_logit_effects(read: Callable[[torch.Tensor], torch.Tensor], direction
 
 def verified_table() -> str:
     """The markdown table of `VERIFIED_ARCHITECTURES` (docs/lm-architectures.md carries it)."""
-    rows = ["| architecture | model_type | site family | resid_mid read at | --backend transformer_lens | what it checks |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| architecture | model_type | site family | resid_mid read at | --backend transformer_lens "
+            "| what it checks |", "|---|---|---|---|---|---|"]
     for label, model_type, note in VERIFIED_ARCHITECTURES:
         family = next(f for f in FAMILIES if model_type in f.model_types)
         mid = "none (parallel)" if label in PARALLEL_LABELS or family.mlp_input is None else (

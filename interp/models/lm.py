@@ -11,7 +11,11 @@ their converted directory in the cache; both load with ``local_files_only=True``
 style models (the embedded ones and SmolLM2 included) go into TransformerLens by TransformerLens'
 own weight conversions with no weight processing (no LayerNorm folding, no centring), from a
 ``HookedTransformerConfig`` read off the Hugging Face config, so their activations are the Hugging
-Face model's activations under TransformerLens' names.
+Face model's activations under TransformerLens' names (which family converts how is the site table's
+to say: ``LMFamily.hooked_transformer``); every other model goes through TransformerLens'
+``TransformerBridge``. Either way the TransformerLens model is checked against the Hugging Face
+model's own logits and residual stream, computed before the bridge rewires the model
+(`verify_transformer_lens`), and refused in one line when they differ.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from typing import Any
 import torch
 
 from zoo import WEIGHTS_DIR
-from ..hooks.lm_convert import TL_MAX_CTX, gpt2_to_hooked_transformer, llama_to_hooked_transformer  # noqa: F401
 from . import fetch as registry
 
 BACKENDS = ("hf", "transformer_lens")
@@ -223,8 +226,8 @@ def verify_transformer_lens(name: str, lm: "LanguageModel", config, reference: d
                f"family to interp/hooks/lm_sites.py)")
 
     def refuse(what: str, difference: float, position: int) -> LMError:
-        return LMError(f"TransformerLens computes other {what} than {name!r} (model_type {model_type!r}) itself: off by "
-                       f"{difference:.2g} of the largest value (position {position}; tolerance {tolerance:g}); "
+        return LMError(f"TransformerLens computes other {what} than {name!r} (model_type {model_type!r}) itself: "
+                       f"off by {difference:.2g} of the largest value (position {position}; tolerance {tolerance:g}); "
                        f"refused. {way_out}")
 
     try:
@@ -337,6 +340,6 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
     return lm
 
 
-__all__ = ["BACKENDS", "LMError", "LanguageModel", "TL_MAX_CTX", "TL_TOLERANCE", "available_lms", "embedded_lms",
-           "gpt2_to_hooked_transformer", "llama_to_hooked_transformer", "load_hf_lm", "load_lm", "reference_run",
+__all__ = ["BACKENDS", "LMError", "LanguageModel", "TL_TOLERANCE", "available_lms", "embedded_lms",
+           "load_hf_lm", "load_lm", "reference_run",
            "resolve_lm", "transformer_lens_probe", "use_chat_template", "verify_transformer_lens"]
