@@ -56,6 +56,14 @@ def attention_side(label: str) -> tuple[str, str] | None:
     return ATTENTION_SIDE.get(label, ("self_attn", "add"))
 
 
+# Llama-layout rows whose TransformerLens bridge is steered through the same site-table path as the llama rows
+# (edits on the Hugging Face modules the bridge runs): their generation and steering on transformer_lens add
+# nothing the llama rows do not check, and cost a second each; their residuals are still compared below, and
+# their logits and residuals at load (`interp.models.lm.verify_transformer_lens`).
+SAME_PATH_AS_LLAMA = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "gpt_oss", "llama4_text", "smollm3",
+                      "exaone", "glm", "glm4", "starcoder2", "stablelm"}
+
+
 @pytest.fixture(scope="module")
 def models():
     return {}
@@ -110,6 +118,26 @@ def test_the_verified_table_names_every_family_and_docs_carry_it():
         assert family_of(type("C", (), {"model_type": model_type})())
     page = Path(__file__).resolve().parents[1] / "docs" / "lm-architectures.md"
     assert verified_table() in page.read_text(), "docs/lm-architectures.md is stale: paste verified_table() into it"
+
+
+def test_a_model_is_matched_by_its_class_when_its_model_type_is_not_in_the_table():
+    """EXAONE 3 (model_type "exaone") loads as LlamaForCausalLM: a llama by class, whatever its model_type says."""
+    import transformers as T
+
+    class OtherName(T.LlamaConfig):
+        model_type = "not_in_the_table"
+
+    config = OtherName(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2)
+    model = T.LlamaForCausalLM(config).eval()
+    assert lm_sites(model).family.name == "llama"
+    ids = batch()
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+    captured = capture_residuals(model, ids, names=["blocks.1.hook_resid_pre"])
+    torch.testing.assert_close(captured["blocks.1.hook_resid_pre"], hidden[1], rtol=0, atol=0)
+    with pytest.raises(LMHookError, match="no site table for model_type 'not_in_the_table'"):
+        family_of(config, "SomeOtherForCausalLM")
 
 
 @pytest.mark.parametrize("label", LABELS)
@@ -267,7 +295,8 @@ def test_transformer_lens_backend_reads_the_same_residuals_or_refuses_in_one_lin
     assert label not in TRANSFORMER_LENS_REFUSED, f"{label}: TransformerLens is right now: update the table"
     sites = model_sites(hf)
     assert model_sites(tl) == sites
-    _generation_and_steering_agree(hf, tl, sites)
+    if label not in SAME_PATH_AS_LLAMA:
+        _generation_and_steering_agree(hf, tl, sites)
     names = residual_hook_names(hf.n_layers, sites)
     ids = batch()
     mask = torch.ones_like(ids)

@@ -333,6 +333,7 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
         hooked = family.hooked_transformer(hf_model, tokenizer, device=device)
     else:
         hooked = bridge_hf_model(name, hf_model, tokenizer, device=device, dtype=dtype)
+        hf_model.__dict__.pop("_interp_lm_sites", None)  # resolved again on the rewired model when asked for
     lm = LanguageModel(hooked, tokenizer, n_layers=hooked.cfg.n_layers, d_model=hooked.cfg.d_model,
                        n_ctx=hooked.cfg.n_ctx, backend="transformer_lens", name=name)
     hooked.__dict__["_interp_sites"] = verify_transformer_lens(name, lm, config, reference, ids, mask, dtype)
