@@ -79,6 +79,8 @@ def _family_config(label: str, vocab_size: int):
             "original_max_position_embeddings": 16}),
         "mistral": lambda: T.MistralConfig(**llama_like),
         "qwen2": lambda: T.Qwen2Config(**llama_like),
+        "qwen2-tied-sliding": lambda: T.Qwen2Config(**llama_like, tie_word_embeddings=True, use_sliding_window=True,
+                                                    sliding_window=4, max_window_layers=1),
         "qwen3": lambda: T.Qwen3Config(**llama_like, head_dim=8),
         "gemma": lambda: T.GemmaConfig(**llama_like, head_dim=8),
         # final and attention soft-capping on, with a cap small enough to bend the tiny model's logits: logit

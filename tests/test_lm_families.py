@@ -60,7 +60,7 @@ def attention_side(label: str) -> tuple[str, str] | None:
 # (edits on the Hugging Face modules the bridge runs): their generation and steering on transformer_lens add
 # nothing the llama rows do not check, and cost a second each; their residuals are still compared below, and
 # their logits and residuals at load (`interp.models.lm.verify_transformer_lens`).
-SAME_PATH_AS_LLAMA = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "gpt_oss", "llama4_text", "smollm3",
+SAME_PATH_AS_LLAMA = {"qwen2-tied-sliding", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "gpt_oss", "llama4_text", "smollm3",
                       "exaone", "glm", "glm4", "starcoder2", "stablelm"}
 
 

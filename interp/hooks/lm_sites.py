@@ -139,6 +139,7 @@ VERIFIED_ARCHITECTURES: tuple[tuple[str, str, str], ...] = (
     ("llama-3.1-rope", "llama", "llama3 rope scaling"),
     ("mistral", "mistral", ""),
     ("qwen2", "qwen2", "q/k/v biases"),
+    ("qwen2-tied-sliding", "qwen2", "tied embeddings, a sliding window on the upper layer"),
     ("qwen3", "qwen3", "q/k norms"),
     ("gemma", "gemma", "RMSNorm gain 1 + weight, scaled embeddings"),
     ("gemma2", "gemma2", "normalised attention and MLP outputs, logit soft-capping"),

@@ -250,11 +250,12 @@ def verify_transformer_lens(name: str, lm: "LanguageModel", config, reference: d
         difference, position = _relative_difference(reference["streams"][hook], captured[hook], mask)
         if not difference <= tolerance:
             raise refuse(f"{hook}", difference, position)
-    lm.model.__dict__["_interp_readout"] = _check_readout(name, lm, captured.get(last), reference, mask, tolerance,
-                                                         way_out)
-    return tuple(k for k in RESIDUAL_HOOKS if any(n.endswith(f".hook_{k}") for n in names)
-                 and all(f"blocks.{layer}.hook_{k}" in names or (k == "resid_post" and layer == lm.n_layers - 1)
-                         for layer in range(lm.n_layers)))
+    readout_checked = _check_readout(name, lm, captured.get(last), reference, mask, tolerance, way_out)
+    lm.model.__dict__["_interp_readout"] = readout_checked
+    # the last resid_post, which output_hidden_states does not give, counts as checked when it reads out to the logits
+    checked = set(names) | ({last} if readout_checked is True else set())
+    return tuple(k for k in RESIDUAL_HOOKS
+                 if all(f"blocks.{layer}.hook_{k}" in checked for layer in range(lm.n_layers)))
 
 
 def _check_readout(name: str, lm: "LanguageModel", stream, reference: dict, mask: torch.Tensor, tolerance: float,
