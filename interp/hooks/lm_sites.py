@@ -206,18 +206,19 @@ def find_family(config, class_name: str | None = None) -> LMFamily | None:
     return None
 
 
-def family_of(config, class_name: str | None = None, backend: str = "hf") -> LMFamily:
-    """`find_family`, or one `LMSiteError` line naming the model_type and what works from ``backend``."""
+def family_of(config, class_name: str | None = None) -> LMFamily:
+    """`find_family`, or one `LMSiteError` line naming the model_type and what works instead. Only the Hugging
+    Face backend asks the table for a family it may lack (a TransformerLens model of such a family is hooked at
+    its own checked hook points), so the line points to ``--backend transformer_lens``."""
     family = find_family(config, class_name)
     if family is not None:
         return family
     model_type = getattr(config, "model_type", None)
     known = sorted({t for f in FAMILIES for t in f.model_types})
-    instead = ("load it with --backend transformer_lens (TransformerLens' own adapter, checked against the model "
-               "at load)" if backend == "hf" else "this command needs the site table on either backend")
     raise LMSiteError(f"the workbench has no site table for model_type {model_type!r}: its residual stream cannot be "
-                      f"read without guessing. Verified: {', '.join(known)}. To read it, {instead}, or add the "
-                      f"family to interp/hooks/lm_sites.py")
+                      f"read without guessing. Verified: {', '.join(known)}. To read it, load it with --backend "
+                      f"transformer_lens (TransformerLens' own adapter, checked against the model at load), or add "
+                      f"the family to interp/hooks/lm_sites.py")
 
 
 def _module_at(model, path: str):
