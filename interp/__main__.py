@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .cli import add_dtype_argument, at_least, dtype_name, parse_dtype, run_command
+from .cli import add_backend_argument, add_dtype_argument, at_least, dtype_name, parse_dtype, run_command
 from .shipped import add_overwrite_options
 from .models.t2i import MAX_SEED
 
@@ -38,7 +38,7 @@ def _hooks(args) -> int:
     of its joint blocks (`<block>:text`: SD3, FLUX)."""
     from .models.spec import model_spec
 
-    print("\n".join(model_spec(args.model).describe()["sites"]))
+    print("\n".join(model_spec(args.model).describe(backend=args.backend)["sites"]))
     return 0
 
 
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     hooks = commands.add_parser("hooks", help="list the hook names a model has, one a line (language models: "
                                               "blocks.L.hook_resid_pre|mid|post)")
     hooks.add_argument("--model", required=True, help="toy-chat, smollm2-135m-instruct, an LM directory, or toy, ...")
+    add_backend_argument(hooks, "language models: ")
     hooks.set_defaults(run=_hooks)
     from .collect import add_collect_arguments, collect_command
 

@@ -45,8 +45,8 @@ def residual_hook_names(n_layers: int, hooks: Iterable[str] = RESIDUAL_HOOKS) ->
     return [f"blocks.{layer}.hook_{h}" for layer in range(n_layers) for h in RESIDUAL_HOOKS if h in hooks]
 
 
-def _describe_valid(n_layers: int) -> str:
-    return (f"valid names are blocks.{{l}}.hook_resid_pre|resid_mid|resid_post for l in 0..{n_layers - 1} "
+def _describe_valid(n_layers: int, sites: Iterable[str] = RESIDUAL_HOOKS) -> str:
+    return (f"valid names are blocks.{{l}}.hook_{'|'.join(sites)} for l in 0..{n_layers - 1} "
             f"(e.g. blocks.0.hook_resid_pre, blocks.{n_layers - 1}.hook_resid_post)")
 
 
@@ -56,6 +56,15 @@ def parse_hook_name(name: str, n_layers: int) -> tuple[int, str]:
     if match is None or int(match.group(1)) >= n_layers:
         raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(n_layers)}")
     return int(match.group(1)), match.group(2)
+
+
+def transformer_lens_sites(model) -> tuple[str, ...]:
+    """The residual sites of a TransformerLens model that `interp.models.lm.load_lm` verified against the Hugging
+    Face model (all its residual hook points, for a model built elsewhere)."""
+    verified = model.__dict__.get("_interp_sites")
+    if verified is not None:
+        return tuple(verified)
+    return tuple(h for h in RESIDUAL_HOOKS if f"blocks.0.hook_{h}" in model.hook_dict)
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -68,7 +77,7 @@ def model_sites(lm) -> tuple[str, ...]:
     points, or the site table's for a Hugging Face model (an unknown family is an `LMHookError`)."""
     lm = language_model(lm)
     if lm.backend == "transformer_lens":
-        return tuple(h for h in RESIDUAL_HOOKS if f"blocks.0.hook_{h}" in lm.model.hook_dict)
+        return transformer_lens_sites(lm.model)
     return lm_sites(lm.model).sites()
 
 
@@ -79,9 +88,21 @@ def check_hooks(lm, names: Iterable[str]) -> None:
     names = list(names)
     parsed = [parse_hook_name(name, lm.n_layers) for name in names]
     if lm.backend == "transformer_lens":
-        for name in names:
+        sites = transformer_lens_sites(lm.model)
+        for name, (_, hook) in zip(names, parsed):
+            if hook not in sites:
+                in_table = lm.model.__dict__.get("_interp_in_table", True)
+                if not sites:
+                    raise LMHookError(f"no residual hook point of {lm.name} could be checked against the Hugging Face "
+                                      f"model (its family is not in the site table and its hidden states are not "
+                                      f"the residual stream): it generates on --backend transformer_lens, but "
+                                      f"captures, steering and SAEs are refused")
+                reason = ("computes attention and MLP in parallel: it has no resid_mid" if in_table else
+                          f"has no {hook} that could be checked against the Hugging Face model (its family is not "
+                          f"in the site table)")
+                raise LMHookError(f"{lm.name} {reason}; {_describe_valid(lm.n_layers, sites)}")
             if name not in lm.model.hook_dict:
-                raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(lm.n_layers)}")
+                raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(lm.n_layers, sites)}")
         return
     sites = lm_sites(lm.model)
     for _, hook in parsed:

@@ -32,6 +32,8 @@ from typing import Callable
 
 import torch
 
+from .lm_convert import gpt2_to_hooked_transformer, llama_converts_exactly, llama_to_hooked_transformer
+
 
 class LMHookError(ValueError):
     """A hook name a model does not have, a site or architecture the table does not know, or input a hook cannot
@@ -49,7 +51,12 @@ class LMFamily:
     read the same input, so there is no resid_mid); ``mid_add``: the module of a layer whose input
     receives the MLP branch added to resid_mid (None: the layer's output is that sum); ``flat_mid``:
     the layer flattens (batch, positions) before the MLP side; ``head``: the output path after the final
-    norm, applied in order (modules that a config lacks are skipped).
+    norm, applied in order (modules that a config lacks are skipped). ``classes``: model class names that
+    belong to the family whatever their ``model_type`` (EXAONE 3 loads as ``LlamaForCausalLM``).
+    ``hooked_transformer``: TransformerLens' own weight conversion into a ``HookedTransformer``
+    (`interp.hooks.lm_convert`), used by ``--backend transformer_lens`` for a model ``converts(model)`` accepts;
+    every other model of the family goes through TransformerLens' TransformerBridge. Either way the result is
+    checked against the Hugging Face model at load (`interp.models.lm.verify_transformer_lens`).
     """
 
     name: str
@@ -61,6 +68,9 @@ class LMFamily:
     mid_add: str | None = None
     flat_mid: bool = False
     logit_scale: Callable[[object], float] = field(default=lambda config: 1.0)
+    classes: tuple[str, ...] = ()
+    hooked_transformer: Callable | None = None  # (hf_model, tokenizer, device=...) -> HookedTransformer
+    converts: Callable[[object], bool] = field(default=lambda model: False)
     adjust: Callable[[object], dict] = field(default=lambda config: {})  # per-config overrides of the fields above
 
 
@@ -75,14 +85,42 @@ def _opt(config) -> dict:
     return {"mlp_input": "fc1", "mid_add": "final_layer_norm"}
 
 
+def _llama(config) -> dict:
+    # StableLM's parallel layout (use_parallel_residual): attention and MLP read one input_layernorm
+    return {"mlp_input": None} if getattr(config, "use_parallel_residual", False) else {}
+
+
+def _falcon(config) -> dict:
+    # Falcon-7B (parallel_attn) and Falcon-40B/180B (new_decoder_architecture: ln_attn, ln_mlp) are parallel
+    parallel = getattr(config, "new_decoder_architecture", False) or getattr(config, "parallel_attn", True)
+    return {"mlp_input": None} if parallel else {}
+
+
+def _plain_llama(model) -> bool:
+    return type(model).__name__ == "LlamaForCausalLM" and llama_converts_exactly(model.config)
+
+
 FAMILIES: tuple[LMFamily, ...] = (
-    LMFamily("llama", ("llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo", "granite"),
+    LMFamily("llama", ("llama", "exaone", "mistral", "qwen2", "qwen3", "gemma", "phi3", "olmo", "granite",
+                       "deepseek_v3", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "smollm3", "glm",
+                       "glm4", "starcoder2", "stablelm", "gpt_oss", "llama4_text"),
              layers="model.layers", mlp_input="post_attention_layernorm", final_norm="model.norm",
-             logit_scale=lambda c: 1.0 / float(getattr(c, "logits_scaling", 1.0) or 1.0)),
+             logit_scale=lambda c: 1.0 / float(getattr(c, "logits_scaling", 1.0) or 1.0), adjust=_llama,
+             classes=("LlamaForCausalLM",), hooked_transformer=llama_to_hooked_transformer, converts=_plain_llama),
     LMFamily("gemma2", ("gemma2", "gemma3_text"), layers="model.layers", mlp_input="pre_feedforward_layernorm",
              final_norm="model.norm"),
-    LMFamily("olmo2", ("olmo2",), layers="model.layers", mlp_input="mlp", final_norm="model.norm"),
-    LMFamily("gpt2", ("gpt2",), layers="transformer.h", mlp_input="ln_2", final_norm="transformer.ln_f"),
+    LMFamily("olmo2", ("olmo2", "exaone4"), layers="model.layers", mlp_input="mlp", final_norm="model.norm"),
+    LMFamily("cohere", ("cohere", "cohere2"), layers="model.layers", mlp_input=None, final_norm="model.norm",
+             logit_scale=lambda c: float(getattr(c, "logit_scale", 1.0) or 1.0)),
+    LMFamily("phi", ("phi",), layers="model.layers", mlp_input=None, final_norm="model.final_layernorm"),
+    LMFamily("gptj", ("gptj",), layers="transformer.h", mlp_input=None, final_norm="transformer.ln_f"),
+    LMFamily("falcon", ("falcon",), layers="transformer.h", mlp_input="post_attention_layernorm",
+             final_norm="transformer.ln_f", adjust=_falcon),
+    LMFamily("bloom", ("bloom",), layers="transformer.h", mlp_input="post_attention_layernorm",
+             final_norm="transformer.ln_f"),
+    LMFamily("gpt2", ("gpt2", "gpt_bigcode"), layers="transformer.h", mlp_input="ln_2", final_norm="transformer.ln_f",
+             classes=("GPT2LMHeadModel",), hooked_transformer=gpt2_to_hooked_transformer,
+             converts=lambda model: type(model).__name__ == "GPT2LMHeadModel"),
     LMFamily("gpt_neox", ("gpt_neox",), layers="gpt_neox.layers", mlp_input="post_attention_layernorm",
              final_norm="gpt_neox.final_layer_norm", adjust=_gpt_neox),
     LMFamily("opt", ("opt",), layers="model.decoder.layers", mlp_input="final_layer_norm",
@@ -101,6 +139,7 @@ VERIFIED_ARCHITECTURES: tuple[tuple[str, str, str], ...] = (
     ("llama-3.1-rope", "llama", "llama3 rope scaling"),
     ("mistral", "mistral", ""),
     ("qwen2", "qwen2", "q/k/v biases"),
+    ("qwen2-tied-sliding", "qwen2", "tied embeddings, a sliding window on the upper layer"),
     ("qwen3", "qwen3", "q/k norms"),
     ("gemma", "gemma", "RMSNorm gain 1 + weight, scaled embeddings"),
     ("gemma2", "gemma2", "normalised attention and MLP outputs, logit soft-capping"),
@@ -111,20 +150,75 @@ VERIFIED_ARCHITECTURES: tuple[tuple[str, str, str], ...] = (
     ("granite", "granite", "residual, embedding, attention multipliers and logits_scaling"),
     ("opt", "opt", "pre-LN OPT"),
     ("opt-350m", "opt", "post-LN (do_layer_norm_before=False) with project_in/project_out"),
+    ("cohere", "cohere", "parallel attention and MLP, LayerNorm without bias, logit_scale"),
+    ("cohere2", "cohere2", "as Cohere, with sliding-window layers"),
+    ("deepseek_v3", "deepseek_v3", "multi-head latent attention, routed experts after a dense layer"),
+    ("mixtral", "mixtral", "routed experts (sparse MoE)"),
+    ("qwen2_moe", "qwen2_moe", "routed and shared experts, q/k/v biases"),
+    ("qwen3_moe", "qwen3_moe", "routed experts, q/k norms"),
+    ("olmoe", "olmoe", "routed experts, q/k norms"),
+    ("granitemoe", "granitemoe", "routed experts with Granite's multipliers and logits_scaling"),
+    ("gpt_oss", "gpt_oss", "routed experts, attention sinks, sliding-window layers"),
+    ("llama4_text", "llama4_text", "routed and shared experts, chunked attention, layers without rope"),
+    ("smollm3", "smollm3", "layers without rope"),
+    ("exaone", "exaone", "EXAONE 3: loads as LlamaForCausalLM (matched by model_type and by class)"),
+    ("exaone4", "exaone4", "post-norm as OLMo-2, q/k norms, sliding-window layers"),
+    ("glm", "glm", "fused gate-up projection, partial rotary"),
+    ("glm4", "glm4", "normalised attention and MLP outputs (four norms a layer)"),
+    ("starcoder2", "starcoder2", "LayerNorm with biases, plain MLP"),
+    ("stablelm", "stablelm", "LayerNorm, partial rotary"),
+    ("stablelm-parallel", "stablelm", "use_parallel_residual=True: no resid_mid"),
+    ("phi", "phi", "parallel attention and MLP, partial rotary, biased head"),
+    ("gptj", "gptj", "parallel attention and MLP, interleaved rotary, biased head"),
+    ("falcon-7b", "falcon", "parallel attention and MLP, multi-query attention"),
+    ("falcon-40b", "falcon", "new_decoder_architecture: ln_attn and ln_mlp in parallel, grouped kv"),
+    ("falcon-sequential", "falcon", "parallel_attn=False with ALiBi (Falcon-RW)"),
+    ("gpt_bigcode", "gpt_bigcode", "multi-query attention, GPT-2 layout (StarCoder 1)"),
+    ("bloom", "bloom", "ALiBi, embedding LayerNorm, attention and MLP add the residual themselves"),
 )
 
+# The rows whose config makes their layer parallel (attention and MLP read the same input: no resid_mid).
+PARALLEL_LABELS = ("gpt_neox", "cohere", "cohere2", "stablelm-parallel", "phi", "gptj", "falcon-7b", "falcon-40b")
 
-def family_of(config) -> LMFamily:
-    """The `LMFamily` of a Hugging Face config (its overrides for this config applied)."""
+# The verified architectures whose TransformerLens model (`--backend transformer_lens`) computes other numbers
+# than the Hugging Face model, measured on the suite's tiny models: `interp.models.lm.load_lm` refuses them in
+# one line (the suite checks that it does, and that it loads every other row).
+TRANSFORMER_LENS_REFUSED: dict[str, str] = {
+    "opt-350m": "the bridge's hook_resid_mid is read after the MLP branch is added",
+    "cohere": "the bridge's logits are off from position 1 on (rotary convention)",
+    "cohere2": "the bridge's logits are off from position 1 on (rotary convention)",
+    "deepseek_v3": "the bridge's attention computes other logits",
+    "falcon-40b": "TransformerLens cannot run the layout (its fused qkv split fails)",
+    "falcon-sequential": "the bridge's logits are off (5e-4 of the largest)",
+}
+
+
+def find_family(config, class_name: str | None = None) -> LMFamily | None:
+    """The `LMFamily` of a Hugging Face config (its overrides for this config applied), by ``model_type``, else by
+    the model's class (``class_name``, or the config's ``architectures``); None when the table has none."""
     model_type = getattr(config, "model_type", None)
-    for family in FAMILIES:
-        if model_type in family.model_types:
-            overrides = family.adjust(config)
-            return replace(family, **overrides) if overrides else family
+    classes = [class_name] if class_name else list(getattr(config, "architectures", None) or [])
+    for matches in (lambda f: model_type in f.model_types, lambda f: any(c in f.classes for c in classes)):
+        for family in FAMILIES:
+            if matches(family):
+                overrides = family.adjust(config)
+                return replace(family, **overrides) if overrides else family
+    return None
+
+
+def family_of(config, class_name: str | None = None) -> LMFamily:
+    """`find_family`, or one `LMSiteError` line naming the model_type and what works instead. Only the Hugging
+    Face backend asks the table for a family it may lack (a TransformerLens model of such a family is hooked at
+    its own checked hook points), so the line points to ``--backend transformer_lens``."""
+    family = find_family(config, class_name)
+    if family is not None:
+        return family
+    model_type = getattr(config, "model_type", None)
     known = sorted({t for f in FAMILIES for t in f.model_types})
     raise LMSiteError(f"the workbench has no site table for model_type {model_type!r}: its residual stream cannot be "
-                      f"read without guessing. Verified: {', '.join(known)}. Try backend 'transformer_lens' "
-                      f"(TransformerLens' own adapters), or add the family to interp/hooks/lm_sites.py")
+                      f"read without guessing. Verified: {', '.join(known)}. To read it, load it with --backend "
+                      f"transformer_lens (TransformerLens' own adapter, checked against the model at load), or add "
+                      f"the family to interp/hooks/lm_sites.py")
 
 
 def _module_at(model, path: str):
@@ -148,7 +242,7 @@ class LMSites:
     def __init__(self, model):
         self.model = base = hf_base_model(model)
         self.config = base.config
-        self.family = family_of(self.config)
+        self.family = family_of(self.config, type(base).__name__)
         layers = _module_at(base, self.family.layers)
         n_layers = getattr(self.config, "num_hidden_layers", None)
         if not isinstance(layers, torch.nn.ModuleList) or (n_layers is not None and len(layers) != n_layers):
@@ -196,9 +290,10 @@ class LMSites:
 
     def readout(self) -> Callable[[torch.Tensor], torch.Tensor]:
         """x (n, d_model), the stream leaving the last layer -> the logits (n, vocab) the model computes from it
-        (final norm, output head, logit scaling; soft-capping is left out: see `logit_effects`)."""
+        (final norm, output head, logit scaling, and the final soft-cap ``c * tanh(logits / c)`` of Gemma 2/3)."""
         norm, head = self.readout_modules()
         scale = self.family.logit_scale(self.config)
+        cap = getattr(self.config, "final_logit_softcapping", None)
 
         def read(x: torch.Tensor) -> torch.Tensor:
             x = x[:, None, :]  # (n, 1, d): modules take positions
@@ -206,7 +301,8 @@ class LMSites:
                 x = norm(x)
             for module in head:
                 x = module(x)
-            return x[:, 0, :] * scale
+            logits = x[:, 0, :] * scale
+            return cap * torch.tanh(logits / cap) if cap else logits
 
         return read
 
@@ -351,14 +447,17 @@ def linear_logit_effects(read: Callable[[torch.Tensor], torch.Tensor], direction
 
 def verified_table() -> str:
     """The markdown table of `VERIFIED_ARCHITECTURES` (docs/lm-architectures.md carries it)."""
-    rows = ["| architecture | model_type | site family | resid_mid read at | what it checks |", "|---|---|---|---|---|"]
+    rows = ["| architecture | model_type | site family | resid_mid read at | --backend transformer_lens "
+            "| what it checks |", "|---|---|---|---|---|---|"]
     for label, model_type, note in VERIFIED_ARCHITECTURES:
         family = next(f for f in FAMILIES if model_type in f.model_types)
-        mid = "none (parallel)" if label == "gpt_neox" else (
+        mid = "none (parallel)" if label in PARALLEL_LABELS or family.mlp_input is None else (
             "`fc1` input" if label == "opt-350m" else f"`{family.mlp_input}` input")
-        rows.append(f"| {label} | `{model_type}` | {family.name} | {mid} | {note} |")
+        tl = f"refused: {TRANSFORMER_LENS_REFUSED[label]}" if label in TRANSFORMER_LENS_REFUSED else "same numbers"
+        rows.append(f"| {label} | `{model_type}` | {family.name} | {mid} | {tl} | {note} |")
     return "\n".join(rows) + "\n"
 
 
-__all__ = ["FAMILIES", "LMFamily", "LMHookError", "LMSiteError", "LMSites", "VERIFIED_ARCHITECTURES", "family_of", "hf_base_model",
+__all__ = ["FAMILIES", "LMFamily", "LMHookError", "LMSiteError", "LMSites", "PARALLEL_LABELS", "TRANSFORMER_LENS_REFUSED", "VERIFIED_ARCHITECTURES", "family_of",
+           "find_family", "hf_base_model",
            "linear_logit_effects", "lm_sites", "orthogonal_reference", "register_stream_hooks", "verified_table"]

@@ -50,8 +50,8 @@ import numpy as np
 import torch
 
 from ..edits import Edit, EditError, edit_update
-from .lm import LMHookError, format_prompts, language_model, parse_hook_name
-from .lm_sites import linear_logit_effects, lm_sites, register_stream_hooks
+from .lm import LMHookError, check_hooks, format_prompts, language_model, parse_hook_name, tl_stream_shape
+from .lm_sites import find_family, linear_logit_effects, lm_sites, register_stream_hooks
 from .scoped import ScopedHooks
 
 LM_EDIT_MODES = ("add", "scale", "set", "ablate")
@@ -253,6 +253,16 @@ def _cached_length(cache) -> int:
         return 0
 
 
+def _table_model(model):
+    """The Hugging Face model a TransformerBridge wraps when the site table has its family (None otherwise, and
+    for a HookedTransformer)."""
+    wrapped = getattr(model, "original_model", None)
+    if isinstance(wrapped, torch.nn.Module) and hasattr(wrapped, "config") and \
+            find_family(wrapped.config, type(wrapped).__name__) is not None:
+        return wrapped
+    return None
+
+
 class LMSteerSession(ScopedHooks):
     """Forward hooks on a Hugging Face LM that edit residuals, active only in the context that entered it
     (`ScopedHooks`, shared with the U-Net sessions). Use through `apply_lm_edits`."""
@@ -265,6 +275,10 @@ class LMSteerSession(ScopedHooks):
             raise EditError("no edit given")
         saes = dict(saes or {})
         validate_lm_edits(lm, edits, saes)
+        try:
+            check_hooks(lm, [edit.hook for edit in edits])  # a site the model lacks, or one not checked at load
+        except LMHookError as error:
+            raise EditError(str(error)) from None
         if prompt_length is not None and (isinstance(prompt_length, bool) or prompt_length < 0):
             raise EditError(f"prompt_length must be a non-negative number of positions, not {prompt_length!r}")
         self.lm = lm
@@ -324,9 +338,12 @@ class LMSteerSession(ScopedHooks):
     def _register(self) -> None:
         model = self.lm.model
         self._handles.append(model.register_forward_pre_hook(self._on_model_call, with_kwargs=True))
-        wrapped = getattr(model, "original_model", None)  # a TransformerBridge runs the Hugging Face modules
-        if self.lm.backend == "transformer_lens" and not isinstance(wrapped, torch.nn.Module):
-            for hook in self.by_hook:  # a HookedTransformer: its own hook points carry the stream
+        # a TransformerBridge of a family the site table has runs the Hugging Face modules: edited through the table;
+        # a HookedTransformer, or a bridge of a family the table lacks, at its own (checked) hook points
+        wrapped = _table_model(model) if self.lm.backend == "transformer_lens" else model
+        if wrapped is None:
+            shape = tl_stream_shape(self, model, {parse_hook_name(h, self.lm.n_layers)[0] for h in self.by_hook})
+            for hook in self.by_hook:
                 point = model.hook_dict.get(hook)
                 if point is None:
                     raise EditError(f"{hook} is not a hook point of this TransformerLens model")
@@ -334,12 +351,13 @@ class LMSteerSession(ScopedHooks):
                 def on_point(module, args, output, hook=hook):
                     if not self._active():
                         return None
-                    edited = self.edit_stream(hook, output)
-                    return None if edited is output else edited
+                    stream = shape.unflatten(output)
+                    edited = self.edit_stream(hook, stream)
+                    return None if edited is stream else edited.reshape(output.shape)
 
                 self._handles.append(point.register_forward_hook(on_point))
             return
-        sites = lm_sites(wrapped if self.lm.backend == "transformer_lens" else model)
+        sites = lm_sites(wrapped)
         for hook in self.by_hook:
             layer, kind = parse_hook_name(hook, self.lm.n_layers)
 
@@ -430,9 +448,12 @@ def readout(lm):
     lm = language_model(lm)
     model = lm.model
     if lm.backend == "transformer_lens":
-        wrapped = getattr(model, "original_model", None)
-        if isinstance(wrapped, torch.nn.Module) and hasattr(wrapped, "config"):
+        wrapped = _table_model(model)
+        if wrapped is not None:
             return lm_sites(wrapped).readout()
+        checked = model.__dict__.get("_interp_readout")  # set by interp.models.lm.verify_transformer_lens
+        if checked is not None and checked is not True:
+            raise LMHookError(checked)
         norm, unembed = getattr(model, "ln_final", None), model.unembed
 
         def read(x: torch.Tensor) -> torch.Tensor:
@@ -454,8 +475,9 @@ def logit_effects(lm, directions: torch.Tensor, batch_size: int = 1024) -> torch
     Gemma's ``1 + weight`` gains, LayerNorm's centring, OPT's ``project_out`` and Granite's logit scaling,
     whatever the module does) at a point where the norm divides by 1 and has no component along the
     direction: for a LayerNorm that is W_U (gain * centred direction), the usual folded-norm logit weights.
-    Logit soft-capping (Gemma 2/3) is monotone per logit and left out (linearised at logit 0, it is the
-    identity)."""
+    Gemma 2/3's final soft-cap ``c * tanh(logits / c)`` is part of the readout, so the effect is linearised
+    through it at that point. A TransformerLens model of a family the site table lacks reads out through its own
+    ``ln_final`` and ``unembed``, which `interp.models.lm.load_lm` checked against the model's logits."""
     lm = language_model(lm)
     read = readout(lm)
     parameter = next(lm.model.parameters())

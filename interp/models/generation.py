@@ -141,8 +141,10 @@ def _batches(lengths: Sequence[int], order: Sequence[int], batch_size: int, max_
 
 
 def _generate_batch(model, prompts: Sequence[list[int]], max_new_tokens: int, stop_ids: set[int], pad_id: int,
-                    check_cancel: Callable[[], None]) -> Iterator[list[tuple[int, list[int]]]]:
-    """The (row, new tokens) of the rows of one batch that finish at a step, for each step where some do."""
+                    check_cancel: Callable[[], None], record: list | None = None
+                    ) -> Iterator[list[tuple[int, list[int]]]]:
+    """The (row, new tokens) of the rows of one batch that finish at a step, for each step where some do.
+    ``record``: a list that receives each step's logits (rows still running, vocab)."""
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -160,6 +162,8 @@ def _generate_batch(model, prompts: Sequence[list[int]], max_new_tokens: int, st
     running = list(range(len(prompts)))  # batch row of each row still decoding
     new_tokens: list[list[int]] = [[] for _ in prompts]
     for step in range(max_new_tokens):
+        if record is not None:
+            record.append(logits.float().cpu().clone())
         tokens = logits.argmax(-1)
         keep, finished = [], []
         for slot, (row, token) in enumerate(zip(running, tokens.tolist())):
@@ -182,6 +186,57 @@ def _generate_batch(model, prompts: Sequence[list[int]], max_new_tokens: int, st
         logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, cache=cache,
                        use_cache=True).logits[:, -1]
         positions = positions + 1
+
+
+# The largest difference cached decoding may show against the model's full forward pass, as a fraction of the
+# largest logit (float32 sums in another order: ~1e-6 of it; a model that ignores the cache: of order 1).
+CACHE_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4}
+
+
+@torch.inference_mode()
+def check_cached_decoding(model, prompts: Sequence[list[int]], stop_ids: set[int], pad_id: int,
+                          steps: int = 4) -> None:
+    """Refuse in one ValueError line a model whose KV-cache decoding (`_generate_batch`: left padding, a
+    ``DynamicCache``) computes other logits than its own full forward pass over the same tokens: a model outside
+    the site table (`interp.hooks.lm_sites`), whose cache and padding the suite has not checked (a Mamba keeps a
+    state of its own and ignores the cache it is given). Up to two prompts of different lengths are decoded for
+    ``steps`` tokens, then each prompt plus its tokens goes through the model alone, without a cache."""
+    rows = [list(prompts[0])] + ([list(prompts[0][:-2])] if len(prompts[0]) > 2 else [])
+    record: list[torch.Tensor] = []
+    name = type(model).__name__
+    try:
+        finished = {}
+        for done in _generate_batch(model, rows, steps, set(), pad_id, lambda: None, record=record):
+            finished.update(done)
+        worst = 0.0
+        for row, prompt in enumerate(rows):
+            tokens = finished[row]
+            ids = torch.tensor([prompt + tokens[:-1]], device=next(model.parameters()).device)
+            full = model(input_ids=ids).logits[0, len(prompt) - 1:].float().cpu()
+            cached = torch.stack([step[row] for step in record])
+            worst = max(worst, ((cached - full).abs().max() / full.abs().max().clamp_min(1e-12)).item())
+    except Exception as error:  # noqa: BLE001 - a model that cannot take the cache's arguments: refused alike
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise ValueError(f"greedy decoding cannot run {name} (model_type {getattr(model.config, 'model_type', '?')!r}) "
+                         f"with a KV cache: {first}; refused") from error
+    tolerance = CACHE_TOLERANCE.get(next(model.parameters()).dtype, 3e-2)
+    if not worst <= tolerance:
+        raise ValueError(f"greedy decoding with a KV cache computes other logits than {name} (model_type "
+                         f"{getattr(model.config, 'model_type', '?')!r}) itself: off by {worst:.2g} of the largest "
+                         f"logit (tolerance {tolerance:g}); refused (the model is outside the site table, "
+                         f"interp/hooks/lm_sites.py). --backend transformer_lens decodes with full forward passes, "
+                         f"no cache, where TransformerLens runs the model")
+
+
+def _check_outside_the_table(model, prompts, pad_id: int) -> None:
+    """`check_cached_decoding`, once per model object, for a model the site table has no family for."""
+    from ..hooks.lm_sites import find_family, hf_base_model
+
+    base = hf_base_model(model)
+    if base.__dict__.get("_interp_cached_decoding") or find_family(base.config, type(base).__name__) is not None:
+        return
+    check_cached_decoding(base, prompts, set(), pad_id)
+    base.__dict__["_interp_cached_decoding"] = True
 
 
 def greedy_generate_tokens(model, tokenizer, texts: Sequence[str], max_new_tokens: int = 64,
@@ -219,6 +274,7 @@ def greedy_generate_tokens(model, tokenizer, texts: Sequence[str], max_new_token
     was_training = model.training
     model.eval()
     try:
+        _check_outside_the_table(model, [prompts[order[0]]], pad_id)
         with torch.inference_mode(), tqdm(total=len(prompts), desc="generating", disable=not progress) as bar:
             for batch in _batches(lengths, order, batch_size, max_batch_tokens, max_new_tokens):
                 for finished in _generate_batch(model, [prompts[i] for i in batch], max_new_tokens, stop_ids,
@@ -251,6 +307,9 @@ def greedy_generate(model, tokenizer, texts: Sequence[str], max_new_tokens: int 
     batch's cache positions, rows x (longest prompt + ``max_new_tokens``); a single prompt over it
     still runs, alone.
 
+    A model outside the site table (`interp.hooks.lm_sites`) is first checked once: its cached decoding must
+    give its own full forward pass's logits (`check_cached_decoding`), or it is refused in one line.
+
     Errors (``ValueError``): no texts, ``max_new_tokens``/``batch_size``/``max_batch_tokens`` below
     1, a text with no tokens, a text whose tokens plus ``max_new_tokens`` exceed the model's context.
     The model is put in eval mode and its training flag restored afterwards; the tokenizer is not
@@ -261,5 +320,6 @@ def greedy_generate(model, tokenizer, texts: Sequence[str], max_new_tokens: int 
     return [text.strip() for text in tokenizer.batch_decode(tokens, skip_special_tokens=True)]
 
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_MAX_BATCH_TOKENS", "Cancelled", "context_length", "eos_ids",
+__all__ = ["CACHE_TOLERANCE", "DEFAULT_BATCH_SIZE", "DEFAULT_MAX_BATCH_TOKENS", "Cancelled", "check_cached_decoding",
+           "context_length", "eos_ids",
            "greedy_generate", "greedy_generate_tokens"]

@@ -11,7 +11,11 @@ their converted directory in the cache; both load with ``local_files_only=True``
 style models (the embedded ones and SmolLM2 included) go into TransformerLens by TransformerLens'
 own weight conversions with no weight processing (no LayerNorm folding, no centring), from a
 ``HookedTransformerConfig`` read off the Hugging Face config, so their activations are the Hugging
-Face model's activations under TransformerLens' names.
+Face model's activations under TransformerLens' names (which family converts how is the site table's
+to say: ``LMFamily.hooked_transformer``); every other model goes through TransformerLens'
+``TransformerBridge``. Either way the TransformerLens model is checked against the Hugging Face
+model's own logits and residual stream, computed before the bridge rewires the model
+(`verify_transformer_lens`), and refused in one line when they differ.
 """
 
 from __future__ import annotations
@@ -26,10 +30,6 @@ import torch
 
 from zoo import WEIGHTS_DIR
 from . import fetch as registry
-
-# TransformerLens keeps an (n_ctx, n_ctx) causal mask in every attention layer: 8192 positions would
-# cost 2 GB for SmolLM2's 30 layers. Longer prompts get a clear error instead.
-TL_MAX_CTX = 2048
 
 BACKENDS = ("hf", "transformer_lens")
 EMBEDDED_PREFIX = "toy-chat"
@@ -147,126 +147,160 @@ def hf_n_ctx(config) -> int:
     return context_length(config) or 2048
 
 
-def gpt2_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
-    """A TransformerLens ``HookedTransformer`` with exactly the weights of a Hugging Face ``GPT2LMHeadModel``.
-
-    Built from a ``HookedTransformerConfig`` read off the HF config (any size), weights converted by
-    ``transformer_lens.pretrained.weight_conversions.convert_gpt2_weights``, no weight processing.
-    """
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-    from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights
-
-    c = hf_model.config
-    if c.model_type != "gpt2":
-        raise LMError(f"expected a GPT-2 style model, got model_type={c.model_type!r}")
-    cfg = HookedTransformerConfig(
-        n_layers=c.n_layer, d_model=c.n_embd, n_heads=c.n_head, d_head=c.n_embd // c.n_head,
-        d_mlp=c.n_inner or 4 * c.n_embd, d_vocab=c.vocab_size, n_ctx=c.n_positions, act_fn=c.activation_function,
-        eps=c.layer_norm_epsilon, normalization_type="LN", positional_embedding_type="standard",
-        original_architecture="GPT2LMHeadModel", default_prepend_bos=False, dtype=hf_model.dtype, device=device,
-        scale_attn_by_inverse_layer_idx=c.scale_attn_by_inverse_layer_idx)
-    hooked = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
-    state = {k: v.detach().clone() for k, v in convert_gpt2_weights(hf_model, cfg).items()}
-    hooked.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
-                                       fold_value_biases=False, refactor_factored_attn_matrices=False)
-    return hooked.to(device).eval()
+# The largest difference a TransformerLens model may show against the Hugging Face model it was made from, as a
+# fraction of the largest reference value (logits, or the residual stream at that hook): float32 sums in another
+# order differ by ~1e-6 of it; a wrong rotary convention (Cohere) or attention (DeepSeek-V3) by 1e-3 to 1.
+TL_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-4, torch.float16: 3e-2, torch.bfloat16: 3e-2}
 
 
-def llama_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
-    """A TransformerLens ``HookedTransformer`` with exactly the weights of a Hugging Face ``LlamaForCausalLM``.
-
-    TransformerLens 3.9 lists llama models by hub name only, so the ``HookedTransformerConfig`` is read
-    off the HF config the way TransformerLens reads a llama config (RMSNorm, rotary, gated SiLU MLP,
-    grouped-query attention), and the weights go through its ``convert_llama_weights``, unprocessed.
-    The context is capped at ``TL_MAX_CTX``.
-    """
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-    from transformer_lens.pretrained.weight_conversions import convert_llama_weights
-
-    c = hf_model.config
-    if c.model_type != "llama":
-        raise LMError(f"expected a llama style model, got model_type={c.model_type!r}")
-    rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise LMError(f"rope_type {rope.get('rope_type')!r} is not converted for TransformerLens; use backend='hf'")
-    theta = rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))
-    d_head = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    n_kv = c.num_key_value_heads if c.num_key_value_heads != c.num_attention_heads else None
-    cfg = HookedTransformerConfig(
-        n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_heads=c.num_attention_heads, d_head=d_head,
-        d_mlp=c.intermediate_size, d_vocab=c.vocab_size, n_ctx=min(hf_n_ctx(c), TL_MAX_CTX), act_fn=c.hidden_act,
-        eps=c.rms_norm_eps, normalization_type="RMS", positional_embedding_type="rotary", rotary_dim=d_head,
-        rotary_base=theta, rotary_adjacent_pairs=False, final_rms=True, gated_mlp=True, n_key_value_heads=n_kv,
-        original_architecture="LlamaForCausalLM", default_prepend_bos=False, dtype=hf_model.dtype, device=device)
-    hooked = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
-    state = {k: v.detach().clone() for k, v in convert_llama_weights(hf_model, cfg).items()}
-    hooked.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
-                                       fold_value_biases=False, refactor_factored_attn_matrices=False)
-    return hooked.to(device).eval()
+def transformer_lens_probe(config, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of the batch a TransformerLens model is checked on: two rows of random token
+    ids (fixed seed), the second right-padded by three positions, so that every position of a row and a padded
+    row are compared."""
+    width = max(2, min(9, hf_n_ctx(config)))
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, max(2, config.vocab_size), (2, width), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, max(1, width - 3):] = 0
+    ids[1][mask[1] == 0] = 0
+    return ids.to(device), mask.to(device)
 
 
-LOCAL_CONVERSIONS = {"gpt2": gpt2_to_hooked_transformer, "llama": llama_to_hooked_transformer}
+@torch.no_grad()
+def reference_run(hf_model, ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    """What the Hugging Face model computes on the probe, taken before anything wraps it: ``logits`` and
+    ``streams`` (hook name -> (batch, positions, d_model)): every site of the site table where the family is known
+    (resid_mid included), otherwise resid_pre of every layer and resid_post of all but the last (the model's own
+    ``output_hidden_states``) where its first hidden state is seen to be the input embeddings, else none (the
+    TransformerLens model's logits are checked, and its residual hook points are not offered)."""
+    from ..hooks.lm import capture_residuals, residual_hook_names
+    from ..hooks.lm_sites import find_family, lm_sites
+
+    config = hf_model.config
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = hf_model(input_ids=ids, attention_mask=mask, position_ids=positions, output_hidden_states=True)
+    n_layers = config.num_hidden_layers
+    if find_family(config, type(hf_model).__name__) is not None:
+        view = LanguageModel(hf_model, None, n_layers=n_layers, d_model=config.hidden_size, n_ctx=hf_n_ctx(config),
+                             backend="hf", name="reference")
+        streams = capture_residuals(view, ids, mask, residual_hook_names(n_layers, lm_sites(hf_model).sites()))
+    else:
+        hidden = out.hidden_states or ()
+        embedding = hf_model.get_input_embeddings()
+        streams = {}
+        # the usual convention (the embeddings, then each layer's output) is used only where it is seen to hold:
+        # a Mamba's hidden states start after its first layer, a scaled embedding would not be the stream either
+        if (len(hidden) == n_layers + 1 and isinstance(embedding, torch.nn.Module)
+                and torch.equal(hidden[0], embedding(ids).to(hidden[0].dtype))):
+            streams = {f"blocks.{layer}.hook_resid_pre": hidden[layer].float().cpu().clone()
+                       for layer in range(n_layers)}
+            streams.update({f"blocks.{layer}.hook_resid_post": hidden[layer + 1].float().cpu().clone()
+                            for layer in range(n_layers - 1)})
+    return {"logits": out.logits.float().cpu().clone(), "streams": streams}
 
 
-def _converts_exactly(config) -> bool:
-    """Whether a local conversion reads every weight of this config: the llama converter knows no biases and
-    no rope scaling (those models go through TransformerLens' TransformerBridge instead)."""
-    if config.model_type != "llama":
-        return True
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    return (rope.get("rope_type", "default") == "default" and not getattr(config, "attention_bias", False)
-            and not getattr(config, "mlp_bias", False))
+def _relative_difference(ours: torch.Tensor, theirs: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
+    """(largest |difference| over the unpadded positions / largest |reference| there, the position where it is)."""
+    keep = mask.bool().cpu()
+    difference = (theirs.float().cpu() - ours).abs().amax(-1).masked_fill(~keep, 0)
+    scale = ours.abs().amax(-1)[keep].max().clamp_min(1e-12)
+    worst = int(difference.argmax())
+    return (difference.max() / scale).item(), worst % difference.shape[1]
+
+
+def verify_transformer_lens(name: str, lm: "LanguageModel", config, reference: dict, ids: torch.Tensor,
+                            mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[str, ...]:
+    """Check a TransformerLens model against the Hugging Face model's `reference_run` (computed before the
+    TransformerLens side was built, so a bridge that rewires the model cannot compare with itself): its logits
+    and every residual hook point the reference has, at every unpadded position of a right-padded batch. A
+    difference above `TL_TOLERANCE` is one `LMError` line; returns the residual sites that were verified (a
+    bridge's hook point without a reference, such as resid_mid of a family the site table lacks, is not offered)."""
+    from ..hooks.lm import RESIDUAL_HOOKS, capture_residuals
+    from ..hooks.lm_sites import find_family
+
+    tolerance = TL_TOLERANCE.get(dtype, 3e-2)
+    model_type = getattr(config, "model_type", "?")
+    has_table = find_family(config, config.architectures[0] if getattr(config, "architectures", None) else None)
+    way_out = ("Use --backend hf (the workbench's site table reads it)" if has_table is not None else
+               f"Neither backend reads it: --backend hf has no site table for model_type {model_type!r} (add its "
+               f"family to interp/hooks/lm_sites.py)")
+
+    def refuse(what: str, difference: float, position: int) -> LMError:
+        return LMError(f"TransformerLens computes other {what} than {name!r} (model_type {model_type!r}) itself: "
+                       f"off by {difference:.2g} of the largest value (position {position}; tolerance {tolerance:g}); "
+                       f"refused. {way_out}")
+
+    try:
+        with torch.no_grad():
+            logits = lm.model(ids, attention_mask=mask, return_type="logits")
+        names = [n for n in reference["streams"] if n in lm.model.hook_dict]
+        last = f"blocks.{lm.n_layers - 1}.hook_resid_post"
+        captured = capture_residuals(lm, ids, mask, list(dict.fromkeys(names + [last]))) \
+            if last in lm.model.hook_dict else capture_residuals(lm, ids, mask, names)
+    except LMError:
+        raise
+    except Exception as error:  # noqa: BLE001 - TransformerLens raises many kinds; all mean "cannot run this"
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise LMError(f"TransformerLens cannot run {name!r} (model_type {model_type!r}) on a padded batch: {first}. "
+                      f"{way_out}") from error
+    difference, position = _relative_difference(reference["logits"], logits, mask)
+    if not difference <= tolerance:
+        raise refuse("logits", difference, position)
+    for hook in names:
+        difference, position = _relative_difference(reference["streams"][hook], captured[hook], mask)
+        if not difference <= tolerance:
+            raise refuse(f"{hook}", difference, position)
+    readout_checked = _check_readout(name, lm, captured.get(last), reference, mask, tolerance, way_out)
+    lm.model.__dict__["_interp_readout"] = readout_checked
+    # the last resid_post, which output_hidden_states does not give, counts as checked when it reads out to the logits
+    checked = set(names) | ({last} if readout_checked is True else set())
+    return tuple(k for k in RESIDUAL_HOOKS
+                 if all(f"blocks.{layer}.hook_{k}" in checked for layer in range(lm.n_layers)))
+
+
+def _check_readout(name: str, lm: "LanguageModel", stream, reference: dict, mask: torch.Tensor, tolerance: float,
+                   way_out: str):
+    """True when the readout feature cards use (`interp.hooks.lm_steer.readout`) turns the model's own last
+    resid_post into its logits on the probe; otherwise the one line that `logit_effects` will refuse with."""
+    from ..hooks.lm_steer import readout
+
+    what = f"feature cards' logit effects on --backend transformer_lens for {name!r}"
+    if stream is None:
+        return f"{what}: the model has no last-layer resid_post hook point to read out from. {way_out}"
+    try:
+        keep = mask.bool().cpu()
+        with torch.no_grad():
+            logits = readout(lm)(stream[keep].to(device=lm.device, dtype=next(lm.model.parameters()).dtype))
+    except Exception as error:  # noqa: BLE001 - any failure of the readout means no cards from it
+        return f"{what}: its final norm and unembedding cannot be run alone ({type(error).__name__}). {way_out}"
+    ours = reference["logits"][keep]
+    difference = ((logits.float().cpu() - ours).abs().max() / ours.abs().max().clamp_min(1e-12)).item()
+    if not difference <= tolerance:
+        return (f"{what}: its final norm and unembedding give other logits than the model (off by {difference:.2g}). "
+                f"{way_out}")
+    return True
 
 
 def bridge_hf_model(name: str, hf_model, tokenizer, device: str = "cpu", dtype: torch.dtype = torch.float32):
     """TransformerLens' ``TransformerBridge`` around a loaded Hugging Face model: TransformerLens hook names
     (``blocks.{l}.hook_resid_pre|mid|post``) on the model's own forward, with its raw weights (no folding), for
-    every architecture TransformerLens has an adapter for. Anything it cannot run is one `LMError` line."""
+    every architecture TransformerLens has an adapter for. Booting rewires the model's modules in place, so
+    compute any reference first (`reference_run`). Anything it cannot boot is one `LMError` line."""
     from transformer_lens.model_bridge import TransformerBridge
 
     model_type = getattr(hf_model.config, "model_type", "?")
     try:
         bridge = TransformerBridge.boot_transformers(str(name), hf_model=hf_model, tokenizer=tokenizer,
                                                      device=device, dtype=dtype)
-        # verified, not assumed: the bridge must give the model's own logits (post-LN OPT boots but differs)
-        probe = torch.arange(1, min(hf_model.config.vocab_size, 9), device=device)[None]
-        with torch.no_grad():
-            theirs, ours = bridge(probe, return_type="logits").float(), hf_model(probe).logits.float()
     except Exception as error:  # noqa: BLE001 - TransformerLens raises many kinds; all mean "cannot run this"
+        from ..hooks.lm_sites import find_family
+
         first = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-        raise LMError(f"TransformerLens cannot run {name!r} (model_type {model_type!r}): {first}. Use --backend hf, "
-                      f"which reads the same sites under the same names") from error
-    difference = (theirs - ours).abs().max().item()
-    if difference > 1e-3 * (1.0 + ours.abs().max().item()):
-        raise LMError(f"TransformerLens' bridge computes other logits than {name!r} (model_type {model_type!r}) itself "
-                      f"(largest difference {difference:.3g}); refused. Use --backend hf")
-    _check_bridge_sites(name, bridge, hf_model, probe)
+        known = find_family(hf_model.config, type(hf_model).__name__) is not None
+        raise LMError(f"TransformerLens cannot run {name!r} (model_type {model_type!r}): {first}. " + (
+            "Use --backend hf, which reads the same sites under the same names" if known else
+            f"--backend hf has no site table for it either (add its family to interp/hooks/lm_sites.py)")) from error
     return bridge.eval()
-
-
-def _check_bridge_sites(name: str, bridge, hf_model, probe: torch.Tensor) -> None:
-    """Refuse a bridge whose residual hook points read another stream than the site table's (post-LN OPT's
-    ``hook_resid_mid`` is the sum before its final_layer_norm). Families the table lacks are left to
-    TransformerLens' adapter, whose logits were checked."""
-    from ..hooks.lm import capture_residuals, residual_hook_names
-    from ..hooks.lm_sites import LMHookError, lm_sites
-
-    try:
-        sites = lm_sites(hf_model).sites()
-    except LMHookError:
-        return
-    config = hf_model.config
-    hf = LanguageModel(hf_model, None, n_layers=config.num_hidden_layers, d_model=config.hidden_size,
-                       n_ctx=hf_n_ctx(config), backend="hf", name=name)
-    tl = LanguageModel(bridge, None, n_layers=bridge.cfg.n_layers, d_model=bridge.cfg.d_model, n_ctx=bridge.cfg.n_ctx,
-                       backend="transformer_lens", name=name)
-    names = [n for n in residual_hook_names(hf.n_layers, sites) if n in bridge.hook_dict]
-    ours, theirs = capture_residuals(hf, probe, names=names), capture_residuals(tl, probe, names=names)
-    for hook in names:
-        difference = (ours[hook] - theirs[hook]).abs().max().item()
-        if difference > 1e-3 * (1.0 + ours[hook].abs().max().item()):
-            raise LMError(f"TransformerLens' bridge reads {hook} of {name!r} (model_type {config.model_type!r}) off "
-                          f"the model's residual stream (largest difference {difference:.3g}); refused. Use --backend hf")
 
 
 def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = "cpu",
@@ -289,14 +323,25 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
         c = hf_model.config
         return LanguageModel(hf_model, tokenizer, n_layers=c.num_hidden_layers, d_model=c.hidden_size,
                              n_ctx=hf_n_ctx(c), backend="hf", name=name)
-    convert = LOCAL_CONVERSIONS.get(hf_model.config.model_type)
-    if convert is not None and _converts_exactly(hf_model.config):
-        hooked = convert(hf_model, tokenizer, device=device)
+    from ..hooks.lm_sites import find_family
+
+    config = hf_model.config
+    config.architectures = [type(hf_model).__name__]  # the class it loaded as (EXAONE 3 as LlamaForCausalLM)
+    ids, mask = transformer_lens_probe(config, device)
+    reference = reference_run(hf_model, ids, mask)  # before the bridge rewires the model's modules
+    family = find_family(config, type(hf_model).__name__)
+    if family is not None and family.hooked_transformer is not None and family.converts(hf_model):
+        hooked = family.hooked_transformer(hf_model, tokenizer, device=device)
     else:
         hooked = bridge_hf_model(name, hf_model, tokenizer, device=device, dtype=dtype)
-    return LanguageModel(hooked, tokenizer, n_layers=hooked.cfg.n_layers, d_model=hooked.cfg.d_model,
-                         n_ctx=hooked.cfg.n_ctx, backend="transformer_lens", name=name)
+        hf_model.__dict__.pop("_interp_lm_sites", None)  # resolved again on the rewired model when asked for
+    lm = LanguageModel(hooked, tokenizer, n_layers=hooked.cfg.n_layers, d_model=hooked.cfg.d_model,
+                       n_ctx=hooked.cfg.n_ctx, backend="transformer_lens", name=name)
+    hooked.__dict__["_interp_sites"] = verify_transformer_lens(name, lm, config, reference, ids, mask, dtype)
+    hooked.__dict__["_interp_in_table"] = family is not None
+    return lm
 
 
-__all__ = ["BACKENDS", "LMError", "LanguageModel", "available_lms", "embedded_lms", "gpt2_to_hooked_transformer",
-           "llama_to_hooked_transformer", "load_hf_lm", "load_lm", "resolve_lm", "use_chat_template"]
+__all__ = ["BACKENDS", "LMError", "LanguageModel", "TL_TOLERANCE", "available_lms", "embedded_lms",
+           "load_hf_lm", "load_lm", "reference_run",
+           "resolve_lm", "transformer_lens_probe", "use_chat_template", "verify_transformer_lens"]

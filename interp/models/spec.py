@@ -37,10 +37,25 @@ class ModelSpec:
     def is_lm(self) -> bool:
         return self.kind == LM
 
-    def describe(self) -> dict:
+    def describe(self, backend: str = "hf") -> dict:
         """What the model offers hooks, as JSON data: a language model's family, sizes and residual hook names
         from its config alone (no weights are loaded); a text-to-image model's blocks and text streams
-        (`T2IModel.describe`, which loads the pipeline). Both have ``"sites"``: every name a capture accepts."""
+        (`T2IModel.describe`, which loads the pipeline). Both have ``"sites"``: every name a capture accepts.
+        ``backend="transformer_lens"`` (language models only) loads the model there and lists the hook points that
+        were checked against the Hugging Face model at load (also for a family the site table lacks)."""
+        if backend != "hf" and not self.is_lm:
+            raise ValueError(f"--backend {backend} is for language models; {self.name} is a text-to-image model "
+                             f"(leave --backend out)")
+        if backend != "hf":
+            from ..hooks.lm import check_hooks, model_sites, residual_hook_names
+
+            lm = self.load(backend=backend)
+            sites = model_sites(lm)
+            if not sites:
+                check_hooks(lm, ["blocks.0.hook_resid_pre"])  # the one line saying why and what works
+            return {"model": self.name, "kind": LM, "backend": backend, "n_layers": lm.n_layers,
+                    "d_model": lm.d_model, "n_ctx": lm.n_ctx,
+                    "sites": residual_hook_names(lm.n_layers, sites)}
         if not self.is_lm:
             description = self.load().describe()
             return {**description, "kind": T2I, "sites": [*description["blocks"], *description["text_sites"]]}
@@ -55,7 +70,7 @@ class ModelSpec:
             config = AutoConfig.from_pretrained(source, local_files_only=True)
         except OSError as error:
             raise LMError(f"cannot read the config of {self.name!r}: {error}") from error
-        family = family_of(config)  # the site table's; an unknown family is one clear line
+        family = family_of(config)  # the site table's (by model_type or class); an unknown family is one clear line
         kinds = ("resid_pre", "resid_mid", "resid_post") if family.mlp_input else ("resid_pre", "resid_post")
         return {"model": self.name, "kind": LM, "model_type": config.model_type, "family": family.name,
                 "n_layers": config.num_hidden_layers, "d_model": config.hidden_size, "n_ctx": hf_n_ctx(config),
