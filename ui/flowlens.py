@@ -104,9 +104,9 @@ class FlowLensTab:
             prompts = [r["prompt"] for r in world_records(WORLD_PROMPT_SETS[source], n)]
         else:
             raise ValueError(f"unknown prompt set {source!r}")
-        if len(prompts) < 3:
-            raise ValueError(f"PCA of residuals needs at least 3 prompts, got {len(prompts)}")
-        return prompts
+        from flowlens.analyze import check_prompt_set
+
+        return check_prompt_set(prompts, "the uploaded file" if source == UPLOADED else source)
 
     def _residuals(self, names, prompts, stability, residuals, stripped, progress):
         """Residuals of each model, in chunks (Cancel, which closes the stream, stops within one)."""

@@ -26,13 +26,13 @@ import torch
 
 from zoo import WEIGHTS_DIR
 from . import fetch as registry
+from .spec import EMBEDDED_PREFIX  # defined where kinds are decided (a module without torch)
 
 # TransformerLens keeps an (n_ctx, n_ctx) causal mask in every attention layer: 8192 positions would
 # cost 2 GB for SmolLM2's 30 layers. Longer prompts get a clear error instead.
 TL_MAX_CTX = 2048
 
 BACKENDS = ("hf", "transformer_lens")
-EMBEDDED_PREFIX = "toy-chat"
 
 
 class LMError(ValueError):
