@@ -599,10 +599,7 @@ def test_flowlens_analyses_and_steering_at_once_on_one_shared_model_each_get_wha
     def analyse(key, out, start=None):
         if start is not None:
             start.wait()
-        residuals, stripped = {}, {}
-        for _ in tab._residuals(["toy-chat"], prompt_sets[key], True, residuals, stripped, lambda *a, **k: None):
-            pass
-        out[key] = (residuals["toy-chat"], stripped["toy-chat"])
+        out[key] = tab._residuals(["toy-chat"], prompt_sets[key], True, lambda at: None, threading.Event())["toy-chat"]
 
     def steer(out, start=None):
         if start is not None:
