@@ -164,8 +164,10 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {err}") from None
     demo = build_ui(bench)
     demo.queue(default_concurrency_limit=2, max_size=64)
+    # the sessions' images are served from the data folder: a --data-dir outside the temp folder and the working
+    # directory must be allowed, or every image failed with a blank error
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
-                max_file_size="5mb", css=CSS)
+                max_file_size="5mb", css=CSS, allowed_paths=[str(bench.data_dir)])
 
 
 if __name__ == "__main__":

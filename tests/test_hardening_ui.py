@@ -172,6 +172,18 @@ def test_a_forged_request_gets_a_message_naming_the_field(demo, name, data, mess
     assert message in err.value.message
 
 
+def test_the_checking_fields_keep_their_props_in_the_page(demo):
+    """Gradio builds a component's props from its __init__'s signature: a subclass with its own __init__ lost
+    its label, value and elem_id in the page."""
+    from ui.common import Textbox
+
+    fields = {b._id: b for b in demo.blocks.values() if isinstance(b, Textbox)}
+    props = {c["id"]: c["props"] for c in demo.get_config_file()["components"] if c["id"] in fields}
+    assert len(props) == len(fields) >= 4
+    assert all(p["label"] and p["elem_id"] and p["label"] != "Textbox" for p in props.values())
+    assert any(p["elem_id"] == "prompt" and p["lines"] == 2 and p["value"] for p in props.values())
+
+
 def test_a_well_formed_request_still_reads(demo):
     assert preprocess(demo, "/generate", ["a red circle", 2, 5]) == ["a red circle", 2, 5]
 

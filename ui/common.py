@@ -212,14 +212,12 @@ class Slider(gr.Slider):
 
 
 class Textbox(gr.Textbox):
-    """gr.Textbox that takes text only, at most ``max_chars`` characters (default `MAX_PROMPT_CHARS`): Gradio's own
-    preprocess turned whatever a client sent into its str(), so `{}` sent as a prompt ran as the prompt "{}"."""
+    """gr.Textbox that takes text only, at most ``max_chars`` characters: Gradio's own preprocess turned whatever a
+    client sent into its str(), so `{}` sent as a prompt ran as the prompt "{}". (No __init__ of its own: Gradio
+    builds the page's props from the signature of the component's __init__.)"""
 
     is_template = True
-
-    def __init__(self, *args, max_chars: int = MAX_PROMPT_CHARS, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.max_chars = max_chars
+    max_chars = MAX_PROMPT_CHARS
 
     def preprocess(self, payload):
         name = self.label or "the text"
@@ -292,7 +290,9 @@ class Blocks(gr.Blocks):
                 raise quiet_error(f"{name}: {problem}", name)
         try:
             return await super().preprocess_data(block_fn, inputs, state, explicit_call)
-        except gr.Error:
+        except gr.Error as err:  # Gradio's own (a choice not offered): its message, logged as one line
+            if getattr(err, "print_exception", True):
+                raise quiet_error(err.message, block_fn.name) from None
             raise
         except Exception as err:  # noqa: BLE001 - Gradio's own reading of a value: a message, not a blank error
             names = [getattr(c, "label", None) for c, _ in fields]
