@@ -2,154 +2,133 @@
 
     python app.py                      # the embedded toy model on http://127.0.0.1:7860
     python app.py --model sdxl-turbo   # the real model (needs its weights and a GPU)
+    python app.py --lm DIR             # also a language model's directory in the LM tabs
 
-The entry: arguments, the model cache all sessions share (Workbench), and the page built from one module per
-tab in ui/ over ui/common.py (errors, fields, sessions, Cancel, streaming).
+The entry: arguments, checked before anything heavy is imported (a wrong one is said in a second or two, not after
+the imports and loads), then the model cache all sessions share (ui.workbench.Workbench) and the page built from one
+module per tab in ui/ over ui/common.py (errors, fields, sessions, Cancel, streaming).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import json
 import os
-import threading
+import re
 from pathlib import Path
 
-import gradio as gr
+from interp.cli import DTYPES, add_dtype_argument
 
-from interp.cli import DTYPES, add_dtype_argument, dtype_name, lm_dtype, t2i_dtype
-from interp.models import ModelError, load_t2i
-from ui.common import DEFAULT_PROMPT, USER_ERRORS, Number, Sessions, Slider, session_key, user_errors, whole_number
-from ui.features import build_features_tab
-from ui.flowlens import build_flowlens_tab
-from ui.generate import build_generate_tab
-from ui.lm_steer import build_lm_steer_tab
-from ui.paint import build_paint_tab, parse_steps
-from ui.riebench import build_riebench_tab
-from ui.vcl import build_vcl_tab
-
-# also the names tests and benchmarks import from app (the helpers live in ui/common.py and ui/paint.py)
-__all__ = ["CSS", "Workbench", "build_ui", "main", "DEFAULT_PROMPT", "USER_ERRORS", "Number", "Slider",
-           "parse_steps", "session_key", "user_errors", "whole_number"]
-# Small generated images are shown scaled up with sharp pixels (the files served keep their exact size).
-CSS = """
-#image img, #heatmap img, #paint-original img, #paint-edited img, #paint-difference img, #paint-region img,
-#paint-icon-image img, #riebench-gallery img { image-rendering: pixelated; }
-#image img, #heatmap img { width: 100%; height: 100%; object-fit: contain; }
-#paint-original img, #paint-edited img, #paint-difference img, #paint-region img, #paint-icon-image img {
-  width: 100%; height: 100%; object-fit: contain; }
-/* RIEBench's gallery: each caption under its square thumbnail, in at most two lines (Gradio lays captions
-   over the bottom of the image, which hid what an edit did there) */
-#riebench-gallery .thumbnail-item { aspect-ratio: auto; height: auto; display: flex; flex-direction: column; }
-#riebench-gallery .thumbnail-item > img { aspect-ratio: 1 / 1; height: auto; flex: none; }
-#riebench-gallery .caption-label { position: static; max-width: 100%; white-space: normal; overflow-wrap: anywhere;
-  border: none; border-radius: 0; display: -webkit-box; -webkit-line-clamp: 2; -webkit-box-orient: vertical;
-  padding-bottom: 0; margin-bottom: 4px; }
-#riebench-gallery .grid-wrap { padding-top: 30px; }  /* the first row below the gallery's own label */
-"""
+# the names tests and benchmarks import from app, served from the modules that hold them (imported on first use,
+# so that `python app.py --bad-argument` answers before gradio, torch and the models are imported)
+_FROM = {"Workbench": "ui.workbench", "build_ui": "ui.workbench", "CSS": "ui.workbench",
+         "DEFAULT_PROMPT": "ui.common", "USER_ERRORS": "ui.common", "Number": "ui.common", "Slider": "ui.common",
+         "session_key": "ui.common", "user_errors": "ui.common", "whole_number": "ui.common",
+         "parse_steps": "ui.paint"}
+__all__ = ["check_arguments", "main", *_FROM]
+# a language-model residual hook, as an LM SAE's cfg.json names it (interp.hooks.lm_steer.RESIDUAL_HOOK's form)
+LM_HOOK = re.compile(r"^blocks\.\d+\.hook_resid_(pre|mid|post)$")
 
 
-class Workbench(Sessions):
-    """What the UI serves: models loaded lazily, once, and shared read-only by every session (the sessions'
-    folders and Cancel flags come from ui.common.Sessions). Each tab module's handlers take it as `bench`."""
+def __getattr__(name: str):
+    if name in _FROM:
+        import importlib
 
-    def __init__(self, model_name: str = "toy", data_dir: str | os.PathLike | None = None,
-                 saes_dir: str | os.PathLike | None = None, dtype: str | None = None, lm_dtype: str = "float32"):
-        super().__init__(data_dir)
-        from interp.cli import parse_dtype
-
-        self.model_name = model_name
-        # dtypes of the shared models (app --dtype / --lm-dtype): the pipeline's (None: load_t2i's default for the
-        # device) and every language model's; checked here, shown in the page's header
-        self.dtype = dtype and dtype_name(parse_dtype(dtype))
-        self.lm_dtype = dtype_name(parse_dtype(lm_dtype))
-        self.saes_dir = Path(saes_dir) if saes_dir else None  # None: the SAEs shipped for the model
-        self._lock = threading.Lock()
-        self._lms: dict[str, object] = {}
-
-    @functools.cached_property
-    def t2i(self):
-        with self._lock:
-            return load_t2i(self.model_name, dtype=t2i_dtype(self.dtype))
-
-    @functools.cached_property
-    def library(self):
-        from saes.library import FeatureLibrary
-
-        if self.saes_dir is not None:
-            return FeatureLibrary(self.saes_dir)
-        return FeatureLibrary.for_model(self.model_name)
-
-    @functools.cached_property
-    def analysis_images(self):
-        from saes.library import PRETRAINED_DIR
-        from saes.pool import load_analysis_images
-
-        return load_analysis_images(self.saes_dir or PRETRAINED_DIR / self.model_name)
-
-    def require_library(self):
-        if self.library is None:
-            raise gr.Error(f"no SAEs are available for {self.model_name}: train them with `python -m saes train`")
-        return self.library
-
-    @staticmethod
-    def chat_models() -> list[str]:
-        """The embedded chat models and every fetched registry model (SmolLM2 once fetched)."""
-        from interp.models.lm import available_lms
-
-        return available_lms()
-
-    def known_lm(self, name: str) -> str:
-        if name not in self.chat_models():
-            from interp.models.fetch import REGISTRY_MODELS, fetch_command_for
-
-            if name in REGISTRY_MODELS:  # a model the app knows, not fetched on this machine: how to fetch it
-                raise ValueError(f"{name} is not fetched on this machine: run `{fetch_command_for(name)}` (once, "
-                                 f"{REGISTRY_MODELS[name].download_mb} MB from PyPI) and restart the app to use it")
-            raise ValueError(f"unknown model {name!r}; the language models here are: "
-                             f"{', '.join(self.chat_models()) or 'none'}")
-        return name
-
-    def lm(self, name: str):
-        """A language model for analysis, loaded once and shared read-only (never trained in place)."""
-        from interp.models.lm import load_lm
-
-        self.known_lm(name)
-        with self._lock:
-            if name not in self._lms:
-                self._lms[name] = load_lm(name, dtype=lm_dtype(self.lm_dtype))
-        return self._lms[name]
+        return getattr(importlib.import_module(_FROM[name]), name)
+    raise AttributeError(f"module 'app' has no attribute {name!r}")
 
 
-def build_ui(bench: Workbench) -> gr.Blocks:
-    blocks = list(bench.t2i.blocks)
-    library_blocks = bench.library.blocks if bench.library is not None else []
-    with gr.Blocks(title="Interpretability workbench") as demo:
-        gr.Markdown("# Interpretability workbench\nOpen up text-to-image diffusion models and language models: "
-                    "capture, train sparse autoencoders, edit by features, analyse residual geometry. "
-                    f"Model: **{bench.model_name}** ({len(blocks)} hookable blocks; SAEs on "
-                    f"{', '.join(library_blocks) or 'none'}), in {dtype_name(bench.t2i.denoiser.dtype)}; "
-                    f"language models in {bench.lm_dtype}.")
-        with gr.Tabs() as tabs:
-            generate = build_generate_tab(bench)
-            build_paint_tab(bench)
-            features = build_features_tab(bench, demo)
-            build_riebench_tab(bench)
-            build_flowlens_tab(bench)
-            build_vcl_tab(bench)
-            build_lm_steer_tab(bench)
-        # the one link between tabs: a feature of the generated image opens its card in the Features tab
-        generate.open_button.click(features.open_feature,
-                                   inputs_kwargs={"choice": generate.feature_choice, **features.open_inputs},
-                                   outputs=[tabs, *features.open_outputs], api_name=False)
-        demo.unload(bench.end_session)
-    return demo
+def _sae_hooks(root: Path) -> list[tuple[Path, str | None]]:
+    """(SAE directory, the hook its cfg.json names) of each SAE at or one level under ``root``."""
+    found = []
+    for cfg in [root / "cfg.json", *sorted(root.glob("*/cfg.json"))]:
+        if cfg.is_file():
+            try:
+                raw = json.loads(cfg.read_text())
+            except (OSError, ValueError):
+                raw = {}
+            raw = raw if isinstance(raw, dict) else {}
+            metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
+            found.append((cfg.parent, metadata.get("hook_name") or raw.get("hook_name")))
+    return found
 
 
-def main(argv: list[str] | None = None) -> None:
+def check_arguments(args) -> None:
+    """What can be checked by looking at files alone, before gradio, torch or a model is loaded: a ValueError
+    with one line for the user (an LM where the image model goes, language-model SAEs for the image model, a
+    missing directory, a bad dtype or port)."""
+    from interp.models.spec import model_spec
+
+    for value, what in ((args.dtype, "--dtype / WORKBENCH_DTYPE"), (args.lm_dtype, "--lm-dtype / WORKBENCH_LM_DTYPE")):
+        if value is not None and value not in DTYPES:  # by name: interp.cli.parse_dtype imports torch
+            raise ValueError(f"{what}: unknown dtype {value!r}; use one of {', '.join(DTYPES)}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} is not a port: use 1 to 65535 (0: any free port)")
+    if os.path.isabs(args.model) or args.model.startswith((".", "~")):
+        if not Path(args.model).expanduser().is_dir():
+            raise ValueError(f"--model {args.model}: no such directory")
+    for directory in args.lm or []:
+        lm = model_spec(directory)
+        if not Path(directory).expanduser().is_dir():
+            raise ValueError(f"--lm {directory}: no such directory (--lm takes a language model's directory; the "
+                             "embedded and fetched ones are listed already)")
+        if not lm.is_lm:
+            raise ValueError(f"--lm {directory} is not a language model's directory (it needs a config.json and no "
+                             "model_index.json)" + ("; a text-to-image pipeline goes to --model"
+                                                    if (Path(directory).expanduser() / "model_index.json").is_file()
+                                                    else ""))
+    if args.saes:
+        root = Path(args.saes).expanduser()
+        if not root.is_dir():
+            raise ValueError(f"--saes {args.saes}: no such directory")
+        saes = _sae_hooks(root)
+        if not saes:
+            raise ValueError(f"--saes {args.saes}: no SAE here (a directory with one SAE directory per block, each "
+                             "with cfg.json and sae_weights.safetensors)")
+        on_lm = [(directory, hook) for directory, hook in saes if hook and LM_HOOK.match(hook)]
+        if on_lm:
+            directory, hook = on_lm[0]
+            raise ValueError(f"--saes {args.saes}: these are a language model's SAEs ({directory.name} reads {hook}); "
+                             "--saes takes SAEs on the text-to-image model's blocks. The LM steering and Features "
+                             "tabs find LM SAEs under saes/pretrained/ and $WORKBENCH_LM_SAES")
+    # the model last: a name that is not a directory needs the pipelines' table (torch, diffusers)
+    spec = model_spec(args.model)
+    if spec.is_lm:
+        found = ": config.json and no model_index.json" if spec.source == "directory" else ""
+        where = f"pass it with --lm {args.model}" if spec.source == "directory" else "they list it already"
+        raise ValueError(f"--model {args.model} is a language model ({spec.source}{found}); --model takes the "
+                         "text-to-image pipeline. Language models go to the LM tabs (FlowLens, VCL fine-tuning, LM "
+                         f"steering): {where}, and leave --model at toy or a pipeline")
+    if spec.source == "directory" and not (Path(args.model).expanduser() / "model_index.json").is_file():
+        raise ValueError(f"--model {args.model}: the directory has no model_index.json, so it is not a pipeline "
+                         "saved with save_pretrained (nor a language model: no config.json)")
+    if not spec.is_lm and spec.source == "hub":  # a name: one of the known pipelines or a hub id (owner/name)
+        from interp.models.t2i import resolve  # imports torch and diffusers, which serving needs anyway
+
+        resolve(args.model)
+
+
+def check_saes_fit(bench) -> None:
+    """After the loads: every SAE of the library is on a block of the model (else each Generate failed with
+    "unknown block")."""
+    library = bench.library
+    if library is None:
+        return
+    sites = set(bench.t2i.blocks) | set(getattr(bench.t2i, "text_sites", None) or ())
+    foreign = [block for block in library.blocks if block not in sites]
+    if foreign:
+        raise ValueError(f"--saes: SAEs on {', '.join(foreign)}, which {bench.model_name} does not have (its blocks: "
+                         f"{', '.join(sorted(sites))}); give the SAEs trained on this model")
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=os.environ.get("WORKBENCH_MODEL", "toy"),
-                        help="toy (embedded, default), sdxl-turbo, sdxl-base, a hub id or a directory")
+                        help="the text-to-image model: toy (embedded, default), sdxl-turbo, sdxl-base, a hub id or a "
+                             "pipeline's directory")
+    parser.add_argument("--lm", action="append", default=None, metavar="DIR",
+                        help="a language model's directory (config.json) to offer in the LM tabs beside the embedded "
+                             "and fetched ones; repeat for several")
     parser.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                         help="address to bind (default: this machine only; a Space sets GRADIO_SERVER_NAME)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
@@ -163,23 +142,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lm-dtype", choices=DTYPES, default=os.environ.get("WORKBENCH_LM_DTYPE", "float32"),
                         help="dtype the language models run in (default float32; bfloat16: about 2x faster "
                              "generation on a CPU with AMX, docs/dtype.md)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
     try:
-        bench = Workbench(args.model, args.data_dir, args.saes, dtype=args.dtype, lm_dtype=args.lm_dtype)
-    except ValueError as err:  # WORKBENCH_DTYPE / WORKBENCH_LM_DTYPE are not checked by argparse's choices
+        check_arguments(args)  # before the heavy imports: a wrong argument is said at once
+    except ValueError as err:
         raise SystemExit(f"error: {err}") from None
+    from interp.models import ModelError
+    from ui.workbench import CSS, Workbench, build_ui
+
+    bench = Workbench(args.model, args.data_dir, args.saes, dtype=args.dtype, lm_dtype=args.lm_dtype,
+                      lm_dirs=args.lm or ())
     try:
         bench.t2i  # load before serving: a missing model is reported here, not on the first click
-    except ModelError as err:
-        raise SystemExit(f"error: {err}") from None
-    try:
         bench.library  # a bad --saes directory is reported here too
-    except ValueError as err:
+        check_saes_fit(bench)
+    except (ModelError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
     demo = build_ui(bench)
     demo.queue(default_concurrency_limit=2, max_size=64)
+    # the sessions' images are served from the data folder: a --data-dir outside the temp folder and the working
+    # directory must be allowed, or every image failed with a blank error
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, show_error=False,
-                max_file_size="5mb", css=CSS)
+                max_file_size="5mb", css=CSS, allowed_paths=[str(bench.data_dir)])
 
 
 if __name__ == "__main__":

@@ -39,9 +39,27 @@ def read_prompts(path: str | Path) -> list[str]:
         return prompts
     if not path.is_file():
         raise FileNotFoundError(f"no such prompt file: {path}")
-    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    from interp.lm_text import read_text_file
+
+    prompts = [line.strip() for line in read_text_file(path).splitlines() if line.strip()]
     if not prompts:
         raise DataError(f"{path}: no prompts (the file is empty)")
+    return prompts
+
+
+def check_prompt_set(prompts: list[str], where: str = "the prompt set", minimum: int = 3) -> list[str]:
+    """The prompts, refused when PCA of their residuals would measure nothing: an empty prompt (named by its
+    position), or fewer than ``minimum`` distinct prompts (identical prompts give identical residuals, whose
+    "principal components" are numerical noise)."""
+    empty = [i + 1 for i, prompt in enumerate(prompts) if not prompt.strip()]
+    if empty:
+        raise DataError(f"{where}: prompt {empty[0]} is empty ({len(empty)} of {len(prompts)} are); give text to "
+                        "analyse or remove it")
+    distinct = len(set(prompts))
+    if distinct < minimum:
+        raise DataError(f"{where}: PCA of residuals needs at least {minimum} different prompts, got {distinct}"
+                        + (f" (of {len(prompts)}: identical prompts give identical residuals)"
+                           if distinct < len(prompts) else ""))
     return prompts
 
 
@@ -174,9 +192,7 @@ def plot(result: dict, out: Path, title: str) -> None:
 
 
 def analyze_command(args) -> int:
-    prompts = read_prompts(args.prompts)
-    if len(prompts) < 3:
-        raise DataError(f"{args.prompts}: PCA of residuals needs at least 3 prompts, got {len(prompts)}")
+    prompts = check_prompt_set(read_prompts(args.prompts), str(args.prompts))
     k = checked_components(args.components, len(prompts))  # before any model is loaded
     from interp.models.lm import load_lm
 

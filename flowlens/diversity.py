@@ -14,6 +14,7 @@ Definitions (n-grams never cross the boundary between two texts):
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import numbers
@@ -129,18 +130,20 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such data file: {path}")
+    from interp.lm_text import read_text_file
+
     records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}: line {number} is not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}: line {number} is not a JSON object")
-            records.append((number, record))
+    # the shared reader (UTF-8, a byte-order mark dropped); lines as a file iterates them (\n, \r\n or \r)
+    for number, line in enumerate(io.StringIO(read_text_file(path), newline=None), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: line {number} is not valid JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{path}: line {number} is not a JSON object")
+        records.append((number, record))
     if not records:
         raise DataError(f"{path}: no records (the file is empty)")
     return records

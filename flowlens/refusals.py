@@ -82,7 +82,7 @@ def read_xstest_csv(path: str | Path) -> list[PromptRecord]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such prompt file: {path}")
-    with path.open(newline="", encoding="utf-8") as handle:
+    with path.open(newline="", encoding="utf-8-sig") as handle:  # -sig: a byte-order mark is not the first column's name
         reader = csv.DictReader(handle)
         missing = {"prompt", "type", "label"} - set(reader.fieldnames or [])
         if missing:

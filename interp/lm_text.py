@@ -33,7 +33,8 @@ class TextError(ValueError):
 
 
 def read_text_file(path: str | os.PathLike) -> str:
-    """The file's text; a clear error for a missing, binary or non-UTF-8 file."""
+    """The file's text (without a UTF-8 byte-order mark); a clear error for a missing, binary or non-UTF-8 file.
+    The one reader of text data files: LM corpora, and flowlens' JSONL (FlowLens prompts, diversity, VCL data)."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -44,7 +45,9 @@ def read_text_file(path: str | os.PathLike) -> str:
     if b"\x00" in data[:1 << 20]:
         raise TextError(f"{path} is a binary file (it holds NUL bytes), not UTF-8 text")
     try:
-        return data.decode("utf-8")
+        # utf-8-sig: a leading byte-order mark (Windows editors write one) is not part of the text; read as
+        # plain UTF-8 it made the first JSONL line invalid JSON and the file was refused
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise TextError(f"{path} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
                         f"convert it, e.g. iconv -t utf-8") from None

@@ -533,6 +533,30 @@ def test_browser_browses_a_language_models_sae_cards_in_the_features_tab(page):
 
 
 @needs_chromium
+def test_browser_refuses_strokes_painted_on_another_prompts_image(page):
+    """Issue 41: a stroke drawn, the prompt changed, then Apply put the old mask on the new image. The refusal is
+    said where the result was, and the last result's images go (not left under a bare "Error" badge)."""
+    if not PAINTED:
+        pytest.skip("needs the browser paint test's strokes")
+    open_tab(page, "Paint")
+    prompt = page.locator("#paint-prompt textarea")
+    loaded = prompt.input_value()
+    assert page.locator("#paint-edited img").count() == 1  # the earlier Apply's result is shown
+    try:
+        prompt.fill("a large green star in the center on a black background")
+        page.locator("#paint-apply").click()
+        wait_until(page, text_includes("#paint-info", "painted on the image of another request"), 60_000,
+                   "#paint-info")
+        wait_until(page, "document.querySelector('#paint-edited img') === null", 10_000, "#paint-info")
+        assert page.locator("#paint-original img").count() == 0
+        page.screenshot(path=str(SCREENSHOTS / "paint-stale-strokes.png"), full_page=True)
+    finally:
+        prompt.fill(loaded)
+        for close in page.locator(".toast-close").all():
+            close.click()
+
+
+@needs_chromium
 def test_browser_opens_a_feature_card(page):
     open_tab(page, "Features")
     page.locator("#features-id input").fill("0")
@@ -641,13 +665,17 @@ def test_browser_runs_a_few_vcl_steps_and_cancels_cleanly(page):
     # can wait on the renderer longer than a click's 30 s (seen once with a training job beside the suite)
     page.locator("#vcl-cancel").scroll_into_view_if_needed()
     page.locator("#vcl-run").click()
-    wait_until(page, "(m => m !== null && Number(m[1]) >= 3)"
-               "(document.querySelector('#vcl-status').innerText.match(/step (\\d+) of 2000/))", 90_000, "#vcl-status")
-    page.locator("#vcl-cancel").click(timeout=90_000)
+    wait_until(page, "(m => m !== null && Number(m[1]) >= 20)"
+               "(document.querySelector('#vcl-status').innerText.match(/step (\\d+) of 2000/))", 120_000, "#vcl-status")
+    # Issue 41: the whole loss plot re-sent every 0.3 s froze the page, and Cancel took 39 s to over 120 s to land.
+    # Clicked from inside the page (its own clock): "Cancelling" must show within 2 s.
+    page.evaluate("() => { window.vclCancelAt = performance.now(); document.querySelector('#vcl-cancel').click(); }")
+    wait_until(page, text_includes("#vcl-status", "Cancel"), 10_000, "#vcl-status")
+    assert page.evaluate("performance.now() - window.vclCancelAt") < 2_000
     wait_until(page, text_includes("#vcl-status", "Cancelled"), 60_000, "#vcl-status")
     status = page.locator("#vcl-status").inner_text()
     stopped_at = int(status.split("at step ")[1].split(" ")[0])
-    assert 3 <= stopped_at < 2000
+    assert 20 <= stopped_at < 2000
     page.locator("#vcl-curves .js-plotly-plot").wait_for(timeout=30_000)
     assert "(not run)" in page.locator("#vcl-table").inner_text()  # cancelled: no after-training evaluation
     page.screenshot(path=str(SCREENSHOTS / "vcl.png"), full_page=True)

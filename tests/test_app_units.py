@@ -570,14 +570,14 @@ def test_an_icon_says_when_it_draws_another_strength_than_asked(bench):
 
 
 def test_opening_paint_loads_its_image_once_and_keeps_strokes(bench):
-    loaded, info = PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, None, progress=no_progress)
-    assert loaded["background"] is not None and loaded["layers"] == []
+    loaded, info, canvas = PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, None, progress=no_progress)
+    assert loaded["background"] is not None and loaded["layers"] == [] and canvas == ("a red circle", 1, 0)
     assert info.startswith("Loaded 'a red circle' (1 step, seed 0)")
     long = "a small red circle at the top left and a large blue striped star in the center on a white background"
-    _, info = PaintTab(bench).paint_canvas(long, 1, 0, progress=no_progress)
+    _, info, _ = PaintTab(bench).paint_canvas(long, 1, 0, progress=no_progress)
     assert f"Loaded {long[:77] + '...'!r} (1 step, seed 0)" in info  # a long prompt is shortened, not echoed whole
     kept = PaintTab(bench).paint_canvas_if_empty("a red circle", 1, 0, loaded, progress=no_progress)
-    assert kept == (gr.update(), gr.update())
+    assert kept == (gr.update(), gr.update(), gr.update())
 
 
 def test_flowlens_analyses_and_steering_at_once_on_one_shared_model_each_get_what_they_get_alone(bench):
@@ -599,10 +599,7 @@ def test_flowlens_analyses_and_steering_at_once_on_one_shared_model_each_get_wha
     def analyse(key, out, start=None):
         if start is not None:
             start.wait()
-        residuals, stripped = {}, {}
-        for _ in tab._residuals(["toy-chat"], prompt_sets[key], True, residuals, stripped, lambda *a, **k: None):
-            pass
-        out[key] = (residuals["toy-chat"], stripped["toy-chat"])
+        out[key] = tab._residuals(["toy-chat"], prompt_sets[key], True, lambda at: None, threading.Event())["toy-chat"]
 
     def steer(out, start=None):
         if start is not None:

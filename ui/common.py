@@ -48,6 +48,7 @@ DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped st
 USER_ERRORS = PACKAGE_ERRORS + (KeyError, Cancelled)
 LOG = logging.getLogger("workbench")
 MAX_PROMPT_CHARS = 2000          # a prompt longer than this is refused with the limit (never cut)
+MAX_SEED = 2**53 - 1             # the largest whole number a browser (a JSON double) sends exactly
 UPLOAD_LIMIT_BYTES = 2_000_000   # per uploaded data file (launch's max_file_size is the hard cap)
 UPLOADED = "uploaded file"       # the choice of a data source that reads the upload field
 STREAM_INTERVAL_S = 0.3          # streamed status updates at most this often
@@ -155,8 +156,10 @@ def status_on_failure(n_outputs: int):
 
 
 def check_prompt(prompt) -> str:
-    """A prompt as typed, refused (never cut) above MAX_PROMPT_CHARS characters."""
-    prompt = "" if prompt is None else str(prompt)
+    """A prompt as typed, refused (never cut) above MAX_PROMPT_CHARS characters; what is not text is refused."""
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"the prompt must be text, not {_json_type(prompt)}")
+    prompt = prompt or ""
     if len(prompt) > MAX_PROMPT_CHARS:
         raise ValueError(f"the prompt is {len(prompt)} characters long; the limit is {MAX_PROMPT_CHARS} "
                          "(shorten it: nothing was cut)")
@@ -175,7 +178,9 @@ def _checked_bounds(component, payload):
     if payload is None:
         return None
     name = component.label or "the value"
-    if isinstance(payload, bool) or not isinstance(payload, (int, float)):
+    if isinstance(payload, bool):  # JSON's true is not a count, an id or a strength (float(True) read it as 1)
+        raise quiet_error(f"{name}: {str(payload).lower()} is not a number", name)
+    if not isinstance(payload, (int, float)):
         try:
             payload = float(payload)
         except (TypeError, ValueError):
@@ -206,6 +211,30 @@ class Slider(gr.Slider):
         return super().preprocess(_checked_bounds(self, payload))
 
 
+class Textbox(gr.Textbox):
+    """gr.Textbox that takes text only, at most ``max_chars`` characters: Gradio's own preprocess turned whatever a
+    client sent into its str(), so `{}` sent as a prompt ran as the prompt "{}". (No __init__ of its own: Gradio
+    builds the page's props from the signature of the component's __init__.)"""
+
+    is_template = True
+    max_chars = MAX_PROMPT_CHARS
+
+    def preprocess(self, payload):
+        name = self.label or "the text"
+        if payload is not None and not isinstance(payload, str):
+            raise quiet_error(f"{name}: expected text, not {_json_type(payload)}", name)
+        if payload is not None and len(payload) > self.max_chars:
+            raise quiet_error(f"{name}: {len(payload)} characters; the limit is {self.max_chars} (shorten it: "
+                              "nothing was cut)", name)
+        return super().preprocess(payload)
+
+
+def _json_type(value) -> str:
+    """What a client sent, in JSON's words (a message names the type, never echoes a large value)."""
+    return {bool: "true/false", dict: "an object", list: "a list", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__)
+
+
 class ImageEditor(gr.ImageEditor):
     """gr.ImageEditor whose upload that is not an image (a text file, any binary sent through the API) is a named
     message: Gradio's own reading of it raised PIL's UnidentifiedImageError, shown as a blank "Error"."""
@@ -222,26 +251,91 @@ class ImageEditor(gr.ImageEditor):
                               name) from None
 
 
+def _payload_problem(component, payload) -> str | None:
+    """What is wrong with the JSON value a client sent for an input, by the component's kind (None: nothing).
+    Gradio reads most mistyped values with an exception of its own, which the browser showed as a blank "Error"
+    (`{"error": null}`), and took others silently (`true` as a Textbox's text, "abc" as a Checkbox's tick)."""
+    if isinstance(component, gr.State) or getattr(component, "stateful", False):
+        return None
+    if isinstance(component, gr.Checkbox):
+        return None if isinstance(payload, bool) else f"expected true or false, not {_json_type(payload)}"
+    if isinstance(component, gr.CheckboxGroup) or (isinstance(component, gr.Dropdown) and component.multiselect):
+        if payload is None or (isinstance(payload, list) and all(isinstance(v, str) for v in payload)):
+            return None
+        return f"expected a list of its choices, not {_json_type(payload)}"
+    if isinstance(component, gr.Radio):
+        return None if isinstance(payload, str) else f"expected one of its choices, not {_json_type(payload)}"
+    if isinstance(component, gr.Dropdown):
+        return None if payload is None or isinstance(payload, str) else \
+            f"expected one of its choices, not {_json_type(payload)}"
+    if isinstance(component, gr.Textbox):
+        return None if payload is None or isinstance(payload, str) else f"expected text, not {_json_type(payload)}"
+    if isinstance(component, (gr.File, gr.ImageEditor, gr.Image)):
+        return None if payload is None or isinstance(payload, dict) else \
+            f"expected an uploaded file, not {_json_type(payload)}"
+    return None
+
+
+class Blocks(gr.Blocks):
+    """gr.Blocks whose every event checks the kind of each value a client sent before Gradio reads it, and turns
+    a value Gradio still cannot read into a message naming the field: a raw HTTP request never gets a blank
+    `{"error": null}`, and `true`, `{}` or "abc" is never taken for a prompt, a choice or a tick."""
+
+    async def preprocess_data(self, block_fn, inputs, state, explicit_call: bool = False):
+        fields = list(zip(block_fn.inputs, inputs or []))
+        for component, payload in fields:
+            problem = _payload_problem(component, payload)
+            if problem is not None:
+                name = getattr(component, "label", None) or "a field"
+                raise quiet_error(f"{name}: {problem}", name)
+        try:
+            return await super().preprocess_data(block_fn, inputs, state, explicit_call)
+        except gr.Error as err:  # Gradio's own (a choice not offered): its message, logged as one line
+            if getattr(err, "print_exception", True):
+                raise quiet_error(err.message, block_fn.name) from None
+            raise
+        except Exception as err:  # noqa: BLE001 - Gradio's own reading of a value: a message, not a blank error
+            names = [getattr(c, "label", None) for c, _ in fields]
+            LOG.info("unreadable request to %s: %s", block_fn.name, type(err).__name__)
+            raise quiet_error("a value sent is not one this form's fields take "
+                              f"({', '.join(n for n in names if n) or 'no named field'})", block_fn.name) from None
+
+
 def session_key(request: gr.Request | None) -> str:
     """A file-safe name for the browser session (Gradio's session hash; never a path from the user)."""
     raw = getattr(request, "session_hash", None) or "anonymous"
     return re.sub(r"[^A-Za-z0-9_-]", "", raw)[:64] or "anonymous"
 
 
+def _number(value, name: str, what: str) -> float:
+    """A field's value as a float: None, "", true/false, text and lists are refused by name."""
+    if value is None or value == "" or isinstance(value, bool):
+        raise ValueError(f"{name} must be {what}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be {what}, not {_json_type(value)}") from None
+
+
 def whole_number(value, name: str, low: int = 0, high: int | None = None) -> int:
-    if value is None or value == "" or not float(value).is_integer():
+    number = _number(value, name, "a whole number")
+    if not number.is_integer():
         raise ValueError(f"{name} must be a whole number")
-    number = int(float(value))
+    number = int(number)
     if number < low or (high is not None and number > high):
         raise ValueError(f"{name} must be between {low} and {high}" if high is not None
                          else f"{name} must be {low} or more")
     return number
 
 
-def finite_number(value, name: str) -> float:
-    if value is None or value == "" or not np.isfinite(float(value)):
+def finite_number(value, name: str, limit: float | None = None) -> float:
+    """A finite float; with ``limit``, refused outside [-limit, limit] (a strength of 1e39 overflowed a model)."""
+    number = _number(value, name, "a finite number")
+    if not np.isfinite(number):
         raise ValueError(f"{name} must be a finite number")
-    return float(value)
+    if limit is not None and abs(number) > limit:
+        raise ValueError(f"{name} must be between {-limit:g} and {limit:g}, not {number:g}")
+    return number
 
 
 def run_in_thread(work) -> queue.Queue:
@@ -268,6 +362,22 @@ class Sessions:
         self.data_dir = Path(data_dir) if data_dir else Path(tempfile.gettempdir()) / "interp-workbench"
         PRIVATE_ROOTS.update({str(self.data_dir), str(self.data_dir.resolve())})  # messages name files only
         self._cancels: dict[tuple[str, str], threading.Event] = {}
+        self._failures: dict[tuple[str, str], str] = {}  # (session, action) -> how its last run failed
+
+    def record_failure(self, request: gr.Request | None, action: str, err: BaseException) -> None:
+        """Keep what the page should say about a failed run of the action (read once by `failure_status`)."""
+        if isinstance(err, Cancelled):
+            text = "**Cancelled**"
+        else:
+            message = user_message(err) if isinstance(err, Exception) else None
+            text = f"**Failed**: {message}" if message else \
+                f"**Failed**: an internal error ({type(err).__name__}); the server log has the details"
+        self._failures[(session_key(request), action)] = text
+
+    def failure_status(self, request: gr.Request | None, action: str) -> str:
+        """The status line of the action's failed run (its `.failure` handler shows it where the result was:
+        the error toast goes after 10 s, and the last result must not stay under a bare "Error" badge)."""
+        return self._failures.pop((session_key(request), action), "**Failed**")
 
     def session_dir(self, request: gr.Request | None, *parts: str) -> Path:
         directory = self.data_dir / "sessions" / session_key(request)
@@ -425,9 +535,7 @@ def generation_request(prompt, steps, seed) -> tuple[str, int, int]:
     from interp.models.t2i import MAX_STEPS
 
     prompt, steps = check_prompt(prompt), whole_number(steps, "steps", 1, MAX_STEPS)
-    if seed is None or float(seed) < 0 or not float(seed).is_integer():
-        raise ValueError("the seed must be a whole number, 0 or more")
-    return prompt, steps, int(seed)
+    return prompt, steps, whole_number(seed, "the seed", 0, MAX_SEED)
 
 
 def feature_id(library, block: str, feature) -> int:
@@ -438,8 +546,10 @@ def feature_id(library, block: str, feature) -> int:
         raise ValueError("choose a feature by its id")
     n = library.n_features(block)
     try:
+        if isinstance(feature, bool):  # float(True) is 1.0: a forged `true` chose feature 1
+            raise TypeError
         number = float(feature)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"the feature id must be a whole number from 0 to {n - 1}, not {feature!r}") from None
     if not number.is_integer() or not 0 <= number < n:
         raise ValueError(f"the feature id must be a whole number from 0 to {n - 1} ({block} has {n} "

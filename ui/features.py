@@ -20,7 +20,7 @@ import gradio as gr
 
 from pathlib import Path
 
-from ui.common import NO_SAES_NOTE, Number, feature_id, parse_feature_choice, percent, user_errors
+from ui.common import NO_SAES_NOTE, Number, Textbox, feature_id, parse_feature_choice, percent, user_errors
 
 IMAGE_HEADERS = ["id", "label", "AUROC", "frequency", "mean activation"]
 LM_HEADERS = ["id", "promotes", "max activation", "frequency", "mean activation"]
@@ -45,7 +45,7 @@ def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
             block = gr.Dropdown(label="Block (an LM's: the SAE's hook)", choices=blocks, value=default_block,
                                 elem_id="features-block")
             sort_by = gr.Radio(IMAGE_SORTS, value="AUROC", label="Sort by", elem_id="features-sort")
-            search = gr.Textbox(label=SEARCH_LABELS["image"], elem_id="features-search")
+            search = Textbox(label=SEARCH_LABELS["image"], elem_id="features-search")
             show = gr.Button("Show", elem_id="features-show")
         summary = gr.Markdown(elem_id="features-summary")
         with gr.Row():
@@ -65,7 +65,9 @@ def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
     show.click(tab.table, inputs_kwargs=listing, outputs=[table, summary], api_name="features")
     open_card.click(tab.card, inputs_kwargs={"block": block, "feature": feature, "model": model}, outputs=shown,
                     api_name="feature_card")
-    table.select(tab.select, inputs_kwargs={"block": block, "model": model}, outputs=[feature, *shown])
+    # a table click carries its row in gr.SelectData, which an API call cannot send: not an endpoint
+    table.select(tab.select, inputs_kwargs={"block": block, "model": model}, outputs=[feature, *shown],
+                 api_name=False)
     # another block chosen: its own table, and the old block's card cleared (a row or id is per block). On the
     # user's input only: open_feature sets the block together with its table and the card it opens.
     block.input(tab.block_changed, inputs_kwargs=listing, outputs=[table, summary, feature, *shown], api_name=False)

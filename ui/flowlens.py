@@ -11,13 +11,11 @@ selection).
 
 from __future__ import annotations
 
-import time
-
 import gradio as gr
 import numpy as np
 import torch
 
-from ui.common import (STREAM_INTERVAL_S, UPLOADED, Number, fetch_hint, status_on_failure, user_errors,
+from ui.common import (UPLOADED, Number, fetch_hint, status_on_failure, user_errors,
                        whole_number, world_records)
 
 MAX_PROMPTS = 2000               # prompts read from one uploaded file
@@ -81,8 +79,9 @@ def build_flowlens_tab(bench) -> FlowLensTab:
                                               "stability": stability},
                       outputs=[summary, concentration, projections, alignment], api_name="flowlens",
                       concurrency_limit=2)
-    cancel.click(bench.cancel("flowlens", "**Cancelled**: the analysis stops within the current chunk of prompts."),
-                 None, [summary], cancels=[event], queue=False, api_name=False)
+    # the run's own stream reports the stop (or its results, when the click lands as it ends): the button only
+    # sets the session's flag, so no progress line of a closed stream is left over empty plots
+    cancel.click(bench.cancel("flowlens"), None, None, queue=False, api_name=False)
     measure.click(tab.diversity, inputs_kwargs={"upload": data, "selection": selection},
                   outputs=[diversity_table, diversity_info], api_name="diversity")
     return tab
@@ -104,42 +103,39 @@ class FlowLensTab:
             prompts = [r["prompt"] for r in world_records(WORLD_PROMPT_SETS[source], n)]
         else:
             raise ValueError(f"unknown prompt set {source!r}")
-        if len(prompts) < 3:
-            raise ValueError(f"PCA of residuals needs at least 3 prompts, got {len(prompts)}")
-        return prompts
+        from flowlens.analyze import check_prompt_set
 
-    def _residuals(self, names, prompts, stability, residuals, stripped, progress):
-        """Residuals of each model, in chunks (Cancel, which closes the stream, stops within one)."""
+        return check_prompt_set(prompts, "the uploaded file" if source == UPLOADED else source)
+
+    def _residuals(self, names, prompts, stability, emit, cancel) -> dict | None:
+        """{model: (residuals, residuals without trailing punctuation or None)}, in chunks of RESIDUAL_CHUNK
+        prompts; None when Cancel was clicked (checked between two chunks). ``emit((model, i, done))`` after each."""
         from interp.hooks.lm import last_token_residuals
 
-        unchanged = gr.update()
-        shown = 0.0
+        found = {}
         for i, name in enumerate(names):
             lm = self.bench.lm(name)
             parts, stripped_parts = [], []
-            # chunks, so that Cancel (which closes the stream) stops a long model within a chunk
             for start in range(0, len(prompts), RESIDUAL_CHUNK):
-                progress((i * len(prompts) + start, len(names) * len(prompts)), desc=f"residuals of {name}",
-                         unit="prompt")
-                if time.monotonic() - shown > STREAM_INTERVAL_S:
-                    shown = time.monotonic()
-                    yield (f"Residuals of {name} ({i + 1} of {len(names)}): {start} of {len(prompts)} prompts…",
-                           *[unchanged] * 3)
+                if cancel.is_set():
+                    return None
+                emit((name, i, start))
                 chunk = prompts[start:start + RESIDUAL_CHUNK]
                 # the capture is context-scoped: another request's forward pass on the shared model never reaches it
                 parts.append(last_token_residuals(lm, chunk, chat_template=None))
                 if stability:
                     stripped_parts.append(last_token_residuals(lm, chunk, chat_template=None,
                                                                strip_trailing_punctuation=True))
-            residuals[name] = torch.cat(parts).numpy()
-            if stability:
-                stripped[name] = torch.cat(stripped_parts).numpy()
+            found[name] = (torch.cat(parts).numpy(), torch.cat(stripped_parts).numpy() if stability else None)
+        return found
 
     @user_errors
     @status_on_failure(4)
     def run(self, models: list[str], reference: str, source: str, upload, n_prompts, components,
             stability: bool, request: gr.Request = None, progress=gr.Progress()):
-        """Residual geometry of each chosen model (aligned with the reference when one is chosen)."""
+        """Residual geometry of each chosen model (aligned with the reference when one is chosen). Streams its
+        progress; Cancel (the session's flag) stops it between two chunks of prompts, and the run's own last
+        output says how it ended: results, or "Cancelled" with empty plots (never a stale progress line)."""
         from flowlens.analyze import analyse, geometry_figures
 
         models = [models] if isinstance(models, str) else list(models or [])
@@ -154,13 +150,33 @@ class FlowLensTab:
         names = list(dict.fromkeys(models + ([reference] if reference else [])))
         for name in names:  # an unknown or unfetched model is refused before any residual is computed
             self.bench.known_lm(name)
-        residuals, stripped = {}, {}
-        # Cancel closes the stream; the session's flag says whether one was open
-        running = self.bench.start_action(request, "flowlens")
-        try:
-            yield from self._residuals(names, prompts, stability, residuals, stripped, progress)
-        finally:
-            self.bench.end_action(request, "flowlens", running)
+        where = {"at": (names[0], 0, 0), "shown": None}
+        unchanged = [gr.update()] * 3
+
+        def update():
+            if where["at"] == where["shown"]:
+                return None
+            where["shown"] = name, i, start = where["at"]
+            progress((i * len(prompts) + start, len(names) * len(prompts)), desc=f"residuals of {name}",
+                     unit="prompt")
+            return (f"Residuals of {name} ({i + 1} of {len(names)}): {start} of {len(prompts)} prompts…",
+                    *unchanged)
+
+        def cancelling():
+            name, i, start = where["at"]
+            return (f"**Cancelling** at {start} of {len(prompts)} prompts of {name}: the analysis stops after the "
+                    "current chunk…", *unchanged)
+
+        found = yield from self.bench.stream_action(
+            request, "flowlens", lambda emit, cancel: self._residuals(names, prompts, stability, emit, cancel),
+            update=update, cancelling=cancelling, on_event=lambda at: where.update(at=at))
+        if found is None:
+            name, i, start = where["at"]
+            yield (f"**Cancelled** at {start} of {len(prompts)} prompts of {name} ({i + 1} of {len(names)} "
+                   "model(s)): nothing was analysed.", None, None, None)
+            return
+        residuals = {name: pair[0] for name, pair in found.items()}
+        stripped = {name: pair[1] for name, pair in found.items() if pair[1] is not None}
         progress((len(names), len(names)), desc="PCA")
         # every chosen model is aligned with the reference (itself included: a check that reads 1);
         # the reference, when not chosen, is shown beside them unaligned

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
-from ui.common import DEFAULT_PROMPT, MAX_PROMPT_CHARS, Number, feature_choice, generation_request, \
+from ui.common import DEFAULT_PROMPT, MAX_PROMPT_CHARS, Number, Textbox, feature_choice, generation_request, \
     parse_feature_choice, percent, user_errors
 
 
@@ -22,7 +22,7 @@ def build_generate_tab(bench) -> GenerateTab:
         explore_state = gr.State({})
         with gr.Row():
             with gr.Column():
-                prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="prompt",
+                prompt = Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="prompt",
                                     info=f"at most {MAX_PROMPT_CHARS} characters")
                 with gr.Row():
                     steps = Number(label="Steps", value=bench.t2i.default_steps, minimum=1, maximum=1000,
@@ -45,9 +45,11 @@ def build_generate_tab(bench) -> GenerateTab:
                 tab.feature_choice = chosen
         # inputs by name: the handler's parameters; the dict's order is the HTTP API's
         request = {"prompt": prompt, "steps": steps, "seed": seed}
-        explored = run.click(tab.explore, inputs_kwargs=request,
-                             outputs=[image, info, explore_state, chosen, heatmap, feature_text],
-                             api_name="explore", concurrency_limit=2)
+        shown = [image, info, explore_state, chosen, heatmap, feature_text]
+        explored = run.click(tab.explore, inputs_kwargs=request, outputs=shown, api_name="explore",
+                             concurrency_limit=2)
+        # a failed run clears the last image and says why where it was (the toast goes after 10 s)
+        explored.failure(tab.failed, None, shown, queue=False, api_name=False)
         stop.click(bench.cancel("generate", "**Cancelled**"), None, [info], cancels=[explored], queue=False,
                    api_name=False)
         chosen.change(tab.show_heatmap, inputs_kwargs={"state": explore_state, "choice": chosen},
@@ -71,10 +73,21 @@ class GenerateTab:
             image = bench.t2i.generate(prompt, steps=steps, seed=seed)[0]
         return bench.image_file(request, image, "image"), f"{bench.model_name}, {steps} step(s), seed {seed}"
 
+    def failed(self, request: gr.Request = None):
+        """After a failed or cancelled Generate: no image (the last one is another prompt's), and the reason."""
+        return None, self.bench.failure_status(request, "generate"), {}, gr.update(choices=[], value=None), None, ""
+
     @user_errors
     def explore(self, prompt: str, steps: float, seed: float, request: gr.Request = None,
                 progress=gr.Progress()):
         """Generate, then name the top SAE features of each block with their heatmaps."""
+        try:
+            return self._explore(prompt, steps, seed, request, progress)
+        except BaseException as err:
+            self.bench.record_failure(request, "generate", err)
+            raise
+
+    def _explore(self, prompt, steps, seed, request, progress):
         prompt, steps, seed = generation_request(prompt, steps, seed)
         bench = self.bench
         info = f"{bench.model_name}, {steps} step(s), seed {seed}"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui.common import Number, check_prompt, finite_number, quiet_error, user_errors, whole_number
+from ui.common import Number, Textbox, check_prompt, finite_number, quiet_error, user_errors, whole_number
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAINED = ROOT / "saes" / "pretrained"
@@ -86,7 +86,7 @@ def build_lm_steer_tab(bench, sae_roots=None) -> LMSteerTab:
                     "first new token is unchanged). CLI: `python -m flowlens steer`.")
         with gr.Row():
             with gr.Column():
-                prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2,  # longer: refused, not cut
+                prompt = Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2,  # longer: refused, not cut
                                     elem_id="lm-steer-prompt")
                 with gr.Row():
                     model = gr.Dropdown(label="Model", choices=models, value=default_model,
@@ -101,7 +101,9 @@ def build_lm_steer_tab(bench, sae_roots=None) -> LMSteerTab:
                     mode = gr.Radio(label="Mode", choices=list(MODES), value="add", elem_id="lm-steer-mode")
                     positions = gr.Radio(label="Positions", choices=list(POSITIONS), value="all",
                                          elem_id="lm-steer-positions")
-                run = gr.Button("Generate without and with the edit", variant="primary", elem_id="lm-steer-run")
+                with gr.Row():
+                    run = gr.Button("Generate without and with the edit", variant="primary", elem_id="lm-steer-run")
+                    stop = gr.Button("Cancel", elem_id="lm-steer-cancel")
             with gr.Column():
                 with gr.Row():
                     without = gr.Textbox(label="Without the edit", lines=6, interactive=False,
@@ -123,17 +125,23 @@ def build_lm_steer_tab(bench, sae_roots=None) -> LMSteerTab:
                 card = gr.HTML(elem_id="lm-card")
     # inputs by name: the handlers' parameters; each dict's order is the HTTP API's. Queued, all of them: an
     # unqueued event's error reaches the browser without its message.
-    run.click(tab.steer, inputs_kwargs={"model": model, "sae_dir": sae, "feature": feature, "strength": strength,
-                                        "mode": mode, "positions": positions, "prompt": prompt,
-                                        "max_new_tokens": tokens},
-              outputs=[without, edited, status], concurrency_limit=2)
+    steered = run.click(tab.steer, inputs_kwargs={"model": model, "sae_dir": sae, "feature": feature,
+                                                  "strength": strength, "mode": mode, "positions": positions,
+                                                  "prompt": prompt, "max_new_tokens": tokens},
+                        outputs=[without, edited, status], concurrency_limit=2)
+    # the session's flag stops the generation at its next token (the closed event frees the button at once)
+    stop.click(bench.cancel("lm-steer", "**Cancelled**: nothing more is generated."), None, [status],
+               cancels=[steered], queue=False, api_name=False)
     listing = {"sae_dir": sae, "sort_by": sort_by}
     show.click(tab.feature_table, inputs_kwargs=listing, outputs=[table, cards_summary])
-    sort_by.change(tab.feature_table, inputs_kwargs=listing, outputs=[table, cards_summary])
-    sae.change(tab.feature_table, inputs_kwargs=listing, outputs=[table, cards_summary])
+    # the same listing on other triggers: one endpoint (/feature_table) is enough for the API
+    sort_by.change(tab.feature_table, inputs_kwargs=listing, outputs=[table, cards_summary], api_name=False)
+    sae.change(tab.feature_table, inputs_kwargs=listing, outputs=[table, cards_summary], api_name=False)
     model.input(tab.model_changed, inputs_kwargs={"model": model, "sort_by": sort_by},
-                outputs=[sae, table, cards_summary])
-    table.select(tab.select_row, inputs_kwargs={"sae_dir": sae, "rows": table}, outputs=[feature, card])
+                outputs=[sae, table, cards_summary], api_name=False)
+    # a table click carries its row in gr.SelectData, which an API call cannot send (it failed blank): not an endpoint
+    table.select(tab.select_row, inputs_kwargs={"sae_dir": sae, "rows": table}, outputs=[feature, card],
+                 api_name=False)
     feature.submit(tab.feature_card, inputs_kwargs={"sae_dir": sae, "feature": feature}, outputs=[card])
     return tab
 
@@ -176,9 +184,11 @@ class LMSteerTab:
     # ----- steering -----------------------------------------------------------------------------
     @user_errors
     def steer(self, model: str, sae_dir: str, feature, strength, mode: str, positions: str, prompt: str,
-              max_new_tokens):
-        """(completion without the edit, with it, a status line)."""
+              max_new_tokens, request: gr.Request = None, progress=gr.Progress()):
+        """(completion without the edit, with it, a status line). Cancel stops it at the next token; progress
+        counts the tokens of both completions."""
         from flowlens.steer import check_feature, make_edit, steer_comparison
+        from interp.hooks.lm_steer import MAX_LM_STRENGTH
 
         prompt = check_prompt(prompt)  # refused above the limit, never cut
         if not prompt.strip():
@@ -189,15 +199,35 @@ class LMSteerTab:
             raise ValueError("choose a model")
         sae, hook = self.sae(sae_dir)
         feature = check_feature(sae, whole_number(feature, "feature", 0, sae.cfg.d_sae - 1))
-        strength = finite_number(strength, "strength")
+        strength = finite_number(strength, "strength", MAX_LM_STRENGTH)
         tokens = whole_number(max_new_tokens, "new tokens", 1, MAX_NEW_TOKENS)
         lm = self.bench.lm(model)  # the app's shared cache (and its check of the name)
         edit = make_edit(hook, feature, strength, mode, positions)
-        # the edit is context-scoped: it never reaches another request's forward pass on the shared model
-        result = steer_comparison(lm, sae, hook, prompt, edit, tokens)
+        cancel = self.bench.start_action(request, "lm-steer")
+        steps = {"done": 0}
+
+        def stopped() -> bool:  # asked before each token of both completions: progress, and the Cancel flag
+            steps["done"] += 1
+            progress((min(steps["done"], 2 * tokens), 2 * tokens), desc="generating", unit="token")
+            return cancel.is_set()
+
+        try:
+            # the edit is context-scoped: it never reaches another request's forward pass on the shared model
+            result = steer_comparison(lm, sae, hook, prompt, edit, tokens, cancel=stopped)
+        finally:
+            self.bench.end_action(request, "lm-steer", cancel)
         what = f"{mode} feature #{feature}" + ("" if mode == "ablate" else f", strength {strength:g}")
-        same = " The edit does not change the completion." if result["without"] == result["with"] else ""
-        status = f"**{what}** at `{hook}` on {positions} positions; greedy, up to {tokens} new tokens.{same}"
+        notes = []
+        if not result["with"].strip():  # said, not shown as an empty box under a normal status line
+            notes.append("**The edited completion is empty**: with the edit the model ends at once" +
+                         ("" if mode == "ablate" else f" (strength {strength:g} may be far above the feature's "
+                                                      "scale: try a smaller one)") + ".")
+        elif result["without"] == result["with"]:
+            notes.append("The edit does not change the completion.")
+        if not result["without"].strip():
+            notes.append("The completion without the edit is empty too: the model ends this prompt at once.")
+        status = f"**{what}** at `{hook}` on {positions} positions; greedy, up to {tokens} new tokens." + \
+            "".join(" " + note for note in notes)
         return result["without"], result["with"], status
 
     # ----- cards: the handlers below are wrapped in @user_errors; the bodies they share are not, so that one

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gradio as gr
 import numpy as np
 
-from ui.common import (DEFAULT_PROMPT, MAX_PROMPT_CHARS, NO_SAES_NOTE, ImageEditor, Number, Slider, feature_id,
+from ui.common import (DEFAULT_PROMPT, MAX_PROMPT_CHARS, NO_SAES_NOTE, ImageEditor, Number, Slider, Textbox, feature_id,
                        finite_number, generation_request, user_errors)
 
 
@@ -27,7 +27,7 @@ def build_paint_tab(bench) -> PaintTab:
                     + ("" if blocks else NO_SAES_NOTE.format(model=bench.model_name)))
         with gr.Row():
             with gr.Column():
-                prompt = gr.Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="paint-prompt",
+                prompt = Textbox(label="Prompt", value=DEFAULT_PROMPT, lines=2, elem_id="paint-prompt",
                                     info=f"at most {MAX_PROMPT_CHARS} characters")
                 with gr.Row():
                     steps = Number(label="Steps", value=bench.t2i.default_steps, minimum=1, elem_id="paint-steps")
@@ -38,7 +38,7 @@ def build_paint_tab(bench) -> PaintTab:
                     # a feature that visibly paints (feature 0 of a block may change nothing)
                     feature = Number(label="Feature id", value=tab.default_paint_feature(default_block), minimum=0,
                                      elem_id="paint-feature")
-                    search = gr.Textbox(label="…or search labels", placeholder=f"e.g. {tab.example_label()}",
+                    search = Textbox(label="…or search labels", placeholder=f"e.g. {tab.example_label()}",
                                         elem_id="paint-search")
                 with gr.Row():
                     # the browser sets a typed value outside the range to its nearest end: say so here,
@@ -46,7 +46,7 @@ def build_paint_tab(bench) -> PaintTab:
                     strength = Slider(-1, 8, value=3, step=0.5, label="Strength (x mean activation)",
                                       info="-1 to 8: a value typed outside is set to the nearest end",
                                       elem_id="paint-strength")
-                    act_steps = gr.Textbox(label="Steps it acts on", value="all", elem_id="paint-act-steps")
+                    act_steps = Textbox(label="Steps it acts on", value="all", elem_id="paint-act-steps")
                 with gr.Row():
                     apply = gr.Button("Apply", variant="primary", elem_id="paint-apply")
                     icon_button = gr.Button("Feature icon", elem_id="paint-icon")
@@ -65,29 +65,41 @@ def build_paint_tab(bench) -> PaintTab:
                                image_mode="L", height=240)
             icon = gr.Image(label="Feature icon", interactive=False, elem_id="paint-icon-image", height=240)
         info = gr.Markdown(elem_id="paint-info")
+        canvas = gr.State(None)  # (prompt, steps, seed) of the image loaded into the editor: its strokes belong to it
     # inputs by name: the handlers' parameters; each dict's order is the HTTP API's
     image = {"prompt": prompt, "steps": steps, "seed": seed}
     chosen = {"block": block, "feature": feature, "search": search, "strength": strength}
     # One ordered queue for both loads: a click right after opening the tab lands after the tab's own load,
     # never under it (a late load would replace the editor and drop strokes painted in between).
-    loaded = load.click(tab.paint_canvas, inputs_kwargs=image, outputs=[region, info], api_name="paint_canvas",
-                        concurrency_id="paint-canvas", concurrency_limit=1)
+    loaded = load.click(tab.paint_canvas, inputs_kwargs=image, outputs=[region, info, canvas],
+                        api_name="paint_canvas", concurrency_id="paint-canvas", concurrency_limit=1)
     # the first visit loads the image, so strokes always land on it
-    paint_tab.select(tab.paint_canvas_if_empty, inputs_kwargs={**image, "region": region}, outputs=[region, info],
-                     api_name=False, concurrency_id="paint-canvas", concurrency_limit=1)
+    paint_tab.select(tab.paint_canvas_if_empty, inputs_kwargs={**image, "region": region},
+                     outputs=[region, info, canvas], api_name=False, concurrency_id="paint-canvas",
+                     concurrency_limit=1)
     block.change(tab.default_paint_feature, inputs_kwargs={"block": block}, outputs=[feature], api_name=False,
                  queue=False)
-    applied = apply.click(tab.paint, inputs_kwargs={**image, **chosen, "act_steps": act_steps, "region": region},
+    applied = apply.click(tab.paint, inputs_kwargs={**image, **chosen, "act_steps": act_steps, "region": region,
+                                                    "canvas": canvas},
                           outputs=[original, edited, difference, painted, info], api_name="paint",
                           concurrency_limit=2)
+    # a failed Apply clears the last result (another request's) and says why in the info line
+    applied.failure(tab.failed, None, [original, edited, difference, painted, info], queue=False, api_name=False)
     drawn = icon_button.click(tab.feature_icon, inputs_kwargs=chosen, outputs=[icon, info], api_name="feature_icon")
     stop.click(bench.cancel("paint", "**Cancelled**"), None, [info], cancels=[loaded, applied, drawn],
                queue=False, api_name=False)
     return tab
 
 
+MAX_STEPS_TEXT = 1000  # characters of the "Steps it acts on" field
+
+
 def parse_steps(text: str, n_steps: int) -> list[int] | None:
     """The "Steps it acts on" field: 'all' / '' -> None; '0,2-3' -> [0, 2, 3], each within the generation's steps."""
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"steps it acts on: a text like '0,2-3' or 'all', not {type(text).__name__}")
+    if len(text or "") > MAX_STEPS_TEXT:
+        raise ValueError(f"steps it acts on: {len(text)} characters; the limit is {MAX_STEPS_TEXT}")
     text = (text or "").strip().lower()
     if text in ("", "all"):
         return None
@@ -100,10 +112,11 @@ def parse_steps(text: str, n_steps: int) -> list[int] | None:
             raise ValueError(f"steps are numbers or ranges like '0,2-3' or 'all', not {part!r}")
         if hi and int(hi) < int(lo):
             raise ValueError(f"the step range {part!r} runs backwards: write it low to high ('{hi}-{lo}')")
-        steps.update(range(int(lo), int(hi or lo) + 1))
-    bad = [s for s in sorted(steps) if s >= n_steps]
-    if bad:
-        raise ValueError(f"step {bad[0]} is out of range: this generation has steps 0 to {n_steps - 1}")
+        # bounded before the range is built: '0-99999999' once built a set of 10^8 steps (42 s, 6 GB)
+        top = int(hi or lo)
+        if top >= n_steps:
+            raise ValueError(f"step {top} is out of range: this generation has steps 0 to {n_steps - 1}")
+        steps.update(range(int(lo), top + 1))
     return sorted(steps)
 
 
@@ -113,7 +126,22 @@ class PaintTab:
 
     @user_errors
     def paint(self, prompt: str, steps: float, seed: float, block: str, feature, search: str, strength: float,
-              act_steps: str, region, request: gr.Request = None, progress=gr.Progress()):
+              act_steps: str, region, request: gr.Request = None, progress=gr.Progress(), canvas=None):
+        """Original, edited, difference and painted region; ``canvas``: (prompt, steps, seed) of the image the
+        strokes were painted on (the page's state; None through the API, whose client sends its own region)."""
+        try:
+            return self._paint(prompt, steps, seed, block, feature, search, strength, act_steps, region, request,
+                               progress, canvas)
+        except BaseException as err:
+            self.bench.record_failure(request, "paint", err)
+            raise
+
+    def failed(self, request: gr.Request = None):
+        """After a failed or cancelled Apply: no images of an earlier request, and the reason."""
+        return None, None, None, None, self.bench.failure_status(request, "paint")
+
+    def _paint(self, prompt, steps, seed, block, feature, search, strength, act_steps, region, request, progress,
+               canvas):
         bench = self.bench
         prompt, steps, seed = generation_request(prompt, steps, seed)
         bench.t2i.check_request(steps)
@@ -123,9 +151,18 @@ class PaintTab:
             raise ValueError("click \"Load image to paint on\" first: the strokes need the image under them "
                              "(or paint nothing to apply the feature everywhere)")
         mask = self._painted_mask(region)
+        if mask is not None and canvas is not None and tuple(canvas) != (prompt, steps, seed):
+            loaded_prompt, loaded_steps, loaded_seed = canvas
+            what = [f"the prompt ({self._short(loaded_prompt)!r})" if loaded_prompt != prompt else "",
+                    f"{loaded_steps} steps" if loaded_steps != steps else "",
+                    f"seed {loaded_seed}" if loaded_seed != seed else ""]
+            raise ValueError("the strokes were painted on the image of another request (loaded with "
+                             f"{', '.join(w for w in what if w)}): click \"Load image to paint on\" for this one "
+                             "and paint the region again, so that it lies where you meant on this image")
+        act = parse_steps(act_steps, steps)  # bounded and checked before the generation
         with bench.interruptible(request, "paint", progress):
             result = bench.require_library().paint(bench.t2i, prompt, seed, block, feature, float(strength),
-                                                   mask=mask, steps=steps, act_steps=parse_steps(act_steps, steps))
+                                                   mask=mask, steps=steps, act_steps=act)
         where = "inside the painted region" if mask is not None else "everywhere"
         images = {"original": result.original, "edited": result.edited, "difference": result.difference,
                   "region": self._region_image(mask, result.original)}
@@ -145,16 +182,20 @@ class PaintTab:
         with self.bench.interruptible(request, "paint", progress):
             image = self.bench.t2i.generate(prompt, steps=steps, seed=seed)[0]
         big = image.resize((image.width * 4, image.height * 4), 0)
-        shown = prompt if len(prompt) <= 80 else prompt[:77] + "..."
         return ({"background": big, "layers": [], "composite": big},
-                f"Loaded {shown!r} ({steps} step{'s' * (steps != 1)}, seed {seed}): paint the region, then Apply.")
+                f"Loaded {self._short(prompt)!r} ({steps} step{'s' * (steps != 1)}, seed {seed}): paint the region, "
+                "then Apply.", (prompt, steps, seed))
+
+    @staticmethod
+    def _short(prompt: str) -> str:
+        return prompt if len(prompt) <= 80 else prompt[:77] + "..."
 
     @user_errors
     def paint_canvas_if_empty(self, prompt: str, steps: float, seed: float, region, request: gr.Request = None,
                               progress=gr.Progress()):
         """The Paint tab opened: the image to paint on, unless one is loaded already (strokes kept)."""
         if isinstance(region, dict) and region.get("background") is not None:
-            return gr.update(), gr.update()
+            return gr.update(), gr.update(), gr.update()
         return self.paint_canvas(prompt, steps, seed, request, progress)
 
     @user_errors

@@ -2,8 +2,9 @@
 
 Widgets (model, training data, loss settings, run settings) -> `flowlens.vcl.VCLConfig` inside
 `flowlens.finetune.FinetuneConfig` -> `flowlens.finetune.finetune` in a thread (`Sessions.stream_action`) on a
-private copy of the model (`interp.models.lm.load_hf_lm`); its log streams into `loss_curves_figure` (at most every
-`STREAM_INTERVAL_S`), and the refusal evaluation before and after training into a table. Cancel sets the session's flag; finetune
+private copy of the model (`interp.models.lm.load_hf_lm`); its log streams into the status line (at most every
+`STREAM_INTERVAL_S`) and `loss_curves_figure` (at most every `FIGURE_INTERVAL_S`, through at most `LIVE_PLOT_POINTS`
+steps), and the refusal evaluation before and after training into a table. Cancel sets the session's flag; finetune
 stops after its current step with a checkpoint, and the stream says so.
 HTTP API: /vcl (model_name, source, upload, n_examples, weight, k, window_start, window_end, sign, pooling,
 steps, lr, batch_size, eval_per_kind).
@@ -13,13 +14,21 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import gradio as gr
 import torch
 
-from ui.common import (UPLOADED, Number, Slider, fetch_hint, finite_number, status_on_failure, user_errors,
+from ui.common import (STREAM_INTERVAL_S, UPLOADED, Number, Slider, fetch_hint, finite_number, status_on_failure, user_errors,
                        whole_number, world_records)
+
+
+# While a run streams, its loss curves are re-sent at most every FIGURE_INTERVAL_S, through at most LIVE_PLOT_POINTS
+# steps (the finished run's figure has every step): re-sending all 2,000 steps' markers every STREAM_INTERVAL_S
+# froze the page, and Cancel took 39 to over 120 s to land.
+FIGURE_INTERVAL_S = max(2.0, 5 * STREAM_INTERVAL_S)
+LIVE_PLOT_POINTS = 200
 
 
 def build_vcl_tab(bench) -> VCLTab:
@@ -118,7 +127,8 @@ class VCLTab:
                                 progress=False)
         title = f"{model_name}: SFT + {vcl.weight:g} x VCL (k={vcl.k}, window {vcl.window[0]:g}-{vcl.window[1]:g}, " \
                 f"{vcl.sign}, {vcl.pooling})"
-        log = {"entries": [], "drawn": 0}  # finetune's log as last read, and how many steps the figure shows
+        # finetune's log as last read, how many steps the status shows, and when the figure was last sent
+        log = {"entries": [], "drawn": 0, "figure_at": 0.0}
 
         def phase(n: int) -> str:
             if not n:
@@ -127,13 +137,17 @@ class VCLTab:
                 return f"step {n} of {steps}…"
             return f"step {steps} of {steps}; saving" + (" and evaluating after training…" if evaluation else "…")
 
-        def update():  # a few times a second: the log, when it has new steps
+        def update():  # a few times a second: the status, when the log has new steps; the curves more rarely
             log["entries"] = read_log(config.out)
             if len(log["entries"]) == log["drawn"]:
                 return None
             log["drawn"] = len(log["entries"])
             progress((log["drawn"], steps), desc="fine-tuning", unit="step")
-            return f"Fine-tuning: {phase(log['drawn'])}", loss_curves_figure(log["entries"], title), []
+            curves = gr.update()
+            if time.monotonic() - log["figure_at"] >= FIGURE_INTERVAL_S:  # bounded in size and in rate at any length
+                log["figure_at"] = time.monotonic()
+                curves = loss_curves_figure(log["entries"], title, max_points=LIVE_PLOT_POINTS)
+            return f"Fine-tuning: {phase(log['drawn'])}", curves, []
 
         def cancelling():
             log["entries"] = read_log(config.out)

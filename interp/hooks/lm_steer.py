@@ -59,6 +59,11 @@ POSITIONS = ("prompt", "generated", "all")
 RESIDUAL_HOOK = re.compile(r"^blocks\.\d+\.hook_resid_(pre|mid|post)$")  # any model's; parse_hook_name checks one's
 
 
+# |strength| of an LM edit: far above any residual norm, far below float32's overflow in a norm layer (at 1e20 the
+# squares overflow and a completion came back empty; -1e39 as a "set" overflowed float32 itself)
+MAX_LM_STRENGTH = 1e4
+
+
 @dataclass
 class LMEdit:
     """One feature edit at one residual hook of a language model, as JSON data."""
@@ -81,6 +86,10 @@ class LMEdit:
                 or not math.isfinite(float(self.strength)):
             raise EditError(f"strength must be a finite number, not {self.strength!r}")
         self.strength = float(self.strength)
+        if abs(self.strength) > MAX_LM_STRENGTH:
+            raise EditError(f"strength {self.strength:g} is out of range: use -{MAX_LM_STRENGTH:g} to "
+                            f"{MAX_LM_STRENGTH:g} (a residual stream's norm is far smaller; beyond that the model "
+                            f"overflows and writes nothing)")
         if self.feature is not None:
             if isinstance(self.feature, bool) or not isinstance(self.feature, (int, np.integer)) or self.feature < 0:
                 raise EditError(f"feature must be a non-negative index, not {self.feature!r}")
@@ -489,6 +498,6 @@ def logit_effects(lm, directions: torch.Tensor, batch_size: int = 1024) -> torch
     return linear_logit_effects(read, directions, batch_size=batch_size)
 
 
-__all__ = ["LMEdit", "LMSteerSession", "LM_EDIT_MODES", "POSITIONS", "RESIDUAL_HOOK", "apply_lm_edits",
+__all__ = ["LMEdit", "LMSteerSession", "LM_EDIT_MODES", "MAX_LM_STRENGTH", "POSITIONS", "RESIDUAL_HOOK", "apply_lm_edits",
            "check_sae_fits", "edit_residual", "generate", "is_residual_hook", "lm_edits_from_json", "logit_effects", "prompt_texts",
            "readout", "sae_hook", "validate_lm_edits"]

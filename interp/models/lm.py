@@ -30,9 +30,9 @@ import torch
 
 from zoo import WEIGHTS_DIR
 from . import fetch as registry
+from .spec import EMBEDDED_PREFIX  # defined where kinds are decided (a module without torch)
 
 BACKENDS = ("hf", "transformer_lens")
-EMBEDDED_PREFIX = "toy-chat"
 
 
 class LMError(ValueError):

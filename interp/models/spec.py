@@ -22,6 +22,7 @@ from pathlib import Path
 
 LM, T2I = "lm", "t2i"
 KINDS = (LM, T2I)
+EMBEDDED_PREFIX = "toy-chat"  # the embedded chat models' names (interp.models.lm's; kept here so no torch is needed)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,6 @@ class ModelSpec:
 def model_spec(name: str | os.PathLike) -> ModelSpec:
     """The `ModelSpec` of a model name or directory (nothing is loaded; a directory's files are looked at)."""
     from . import fetch
-    from .lm import EMBEDDED_PREFIX
 
     text = str(name)
     if text == EMBEDDED_PREFIX or text.startswith(EMBEDDED_PREFIX + "-"):
