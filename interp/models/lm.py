@@ -31,7 +31,7 @@ from . import fetch as registry
 # cost 2 GB for SmolLM2's 30 layers. Longer prompts get a clear error instead.
 TL_MAX_CTX = 2048
 
-BACKENDS = ("hf", "transformer_lens")
+BACKENDS = ("hf", "transformer_lens", "nnsight")
 EMBEDDED_PREFIX = "toy-chat"
 
 
@@ -285,10 +285,16 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
         raise LMError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     name = str(name_or_path)
     hf_model, tokenizer = load_hf_lm(name, device=device, dtype=dtype)
-    if backend == "hf":
+    if backend in ("hf", "nnsight"):
         c = hf_model.config
+        if backend == "nnsight":  # the same model, its sites read and written through nnsight's trace
+            from ..hooks.lm_nnsight import wrap
+            from ..hooks.lm_sites import lm_sites
+
+            lm_sites(hf_model)  # a family the site table does not verify is refused before nnsight wraps it
+            wrap(hf_model, tokenizer)
         return LanguageModel(hf_model, tokenizer, n_layers=c.num_hidden_layers, d_model=c.hidden_size,
-                             n_ctx=hf_n_ctx(c), backend="hf", name=name)
+                             n_ctx=hf_n_ctx(c), backend=backend, name=name)
     convert = LOCAL_CONVERSIONS.get(hf_model.config.model_type)
     if convert is not None and _converts_exactly(hf_model.config):
         hooked = convert(hf_model, tokenizer, device=device)
