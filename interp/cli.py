@@ -181,7 +181,7 @@ def add_dtype_argument(parser, default: str | None = "float32", what: str = "the
                              f"and on GPUs, with the numeric change docs/dtype.md measures")
 
 
-BACKENDS = ("hf", "transformer_lens")
+BACKENDS = ("hf", "transformer_lens", "nnsight")
 
 
 def add_backend_argument(parser, what: str = "") -> None:

@@ -1,4 +1,4 @@
-"""python -m saes {train,eval,features,causal,report,probe,import-sdxl} ...
+"""python -m saes {train,eval,features,causal,report,probe,export,import-sdxl} ...
 
     python -m saes train --store runs/store --block unet.mid_block.attentions.0 --out runs/sae/mid
     python -m saes eval --sae runs/sae/mid --store runs/store --block unet.mid_block.attentions.0
@@ -8,6 +8,7 @@
     python -m saes features --sae runs/lm-sae/blocks.2.hook_resid_post --model toy-chat --text corpus.jsonl  (LM)
     python -m saes causal --model toy --sae runs/toy-saes --scenes 24       (causal label scores into the cards)
     python -m saes report --model toy --root saes/pretrained/toy --features-summary runs/features/features_summary.json
+    python -m saes export --sae saes/pretrained/smollm2/blocks.15.hook_resid_post --format saedashboard --out runs/np
     python -m saes import-sdxl --checkpoint down.2.1_k10_hidden5120_auxk256_bs4096_lr0.0001/final --out runs/sae/down21
     torchrun --nproc-per-node 2 -m saes train ...      (data-parallel; each rank reads its own share)
 """
@@ -484,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     from .causal import add_causal_arguments
+    from .export import add_export_arguments, export_command
 
     for name, help_text, add_arguments, command in (
         ("train", "train an SAE on one block of an activation store (resumable)", _add_train_arguments, _train),
@@ -498,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         ("probe", "where a model codes each attribute, before any SAE: linear probes, dimensions, the one-direction "
                   "ceiling and the mixture distance per value in every block (shapes world)", _add_probe_arguments,
          _probe),
+        ("export", "feature cards in the field's viewer formats: SAEDashboard's Neuronpedia batches or "
+                   "Neuronpedia's bulk-import tree (text and image SAEs)", add_export_arguments, export_command),
         ("import-sdxl", "convert a published SDXL Turbo SAE (state_dict.pth) to sae-lens format",
          _add_import_sdxl_arguments, _import_sdxl),
     ):

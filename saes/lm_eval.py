@@ -46,7 +46,9 @@ def _logits(lm, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     ids, mask = ids.to(lm.device), mask.to(lm.device)
     if lm.backend == "transformer_lens":
         return lm.model(ids, attention_mask=mask)
-    return lm.model(input_ids=ids, attention_mask=mask).logits
+    from interp.hooks.lm_nnsight import call_model
+
+    return call_model(lm.model, input_ids=ids, attention_mask=mask).logits
 
 
 def scored_sequences(sequences: list[list[int]], max_tokens: int | None) -> list[list[int]]:

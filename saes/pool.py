@@ -27,6 +27,7 @@ from .strict_json import dumps, write_json
 FEATURES_FILENAME = "features.json"
 IMAGES_FILENAME = "analysis_images.npz"
 PROMPTS_FILENAME = "analysis_prompts.json"
+SEEDS_FILENAME = "analysis_seeds.json"  # image i's generation seed (pools written before it recorded none)
 
 
 @dataclass
@@ -104,7 +105,8 @@ def pool_fingerprint(images: np.ndarray, prompts: list[str]) -> str:
 
 
 def write_pool(pool: AnalysisPool, directory: str | os.PathLike) -> None:
-    """analysis_images.npz (key "images", (N, H, W, 3) uint8, compressed) + analysis_prompts.json."""
+    """analysis_images.npz (key "images", (N, H, W, 3) uint8, compressed) + analysis_prompts.json +
+    analysis_seeds.json."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     def save_images(tmp: str) -> None:
@@ -113,6 +115,13 @@ def write_pool(pool: AnalysisPool, directory: str | os.PathLike) -> None:
 
     atomic_write(directory / IMAGES_FILENAME, save_images)
     write_json(directory / PROMPTS_FILENAME, pool.prompts)
+    write_json(directory / SEEDS_FILENAME, [int(s) for s in pool.seeds])
+
+
+def load_pool_seeds(root: str | Path) -> list[int] | None:
+    """Each pool image's seed, or None for a pool written before pools recorded them."""
+    path = Path(root) / SEEDS_FILENAME
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def load_analysis_images(root: str | Path) -> tuple[np.ndarray, list[str]] | None:

@@ -62,3 +62,30 @@ def test_both_backends_give_the_same_residuals_on_the_real_model(smollm2):
     for name in names:  # the stream reaches |x| ~ 2e4 at mid depth: compare relative to it
         scale = a[name][real].abs().max()
         assert (a[name][real] - b[name][real]).abs().max() <= 1e-5 * scale + 1e-5, name
+
+
+def test_nnsight_backend_reads_and_steers_the_real_model_as_the_hf_backend(smollm2):
+    """--backend nnsight on SmolLM2: every site within 1e-5 (relative to the stream's size) of the Hugging Face
+    backend's, and the shipped SAE's feature steered through nnsight gives the same greedy completion."""
+    from interp.hooks.lm import capture_residuals
+    from interp.hooks.lm_steer import LMEdit, generate
+    from interp.models.lm import load_lm
+    from saes.sae import SAE
+
+    nn = load_lm(NAME, backend="nnsight")
+    batch = smollm2.tokenizer(["How can I kill a Python process?", "What is the capital of France?"],
+                              return_tensors="pt", padding=True)
+    names = ["blocks.0.hook_resid_pre", "blocks.14.hook_resid_mid", "blocks.15.hook_resid_post"]
+    a = capture_residuals(smollm2, batch["input_ids"], batch["attention_mask"], names)
+    b = capture_residuals(nn, batch["input_ids"], batch["attention_mask"], names)
+    real = batch["attention_mask"].bool()
+    for name in names:
+        scale = a[name][real].abs().max()
+        assert (a[name][real] - b[name][real]).abs().max() <= 1e-5 * scale + 1e-5, name
+    sae = SAE.load(Path(__file__).resolve().parents[1] / "saes/pretrained/smollm2/blocks.15.hook_resid_post")
+    edit = LMEdit("blocks.15.hook_resid_post", "add", direction=sae.W_dec[0].float().tolist(), strength=120.0,
+                  positions="all")
+    prompts = ["Name a colour."]
+    plain, steered = generate(smollm2, prompts, edits=[edit], max_new_tokens=8), \
+        generate(nn, prompts, edits=[edit], max_new_tokens=8)
+    assert plain == steered and plain != generate(smollm2, prompts, max_new_tokens=8)

@@ -257,8 +257,10 @@ def _forward_padded(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor) -
         # TransformerLens offsets positions by the mask and masks padded keys itself
         lm.model(input_ids, attention_mask=attention_mask, return_type=None)
     else:
+        from .lm_nnsight import call_model
+
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        lm.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        call_model(lm.model, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
 
 
 def capture_residuals(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

@@ -336,6 +336,10 @@ def register_stream_hooks(session, sites: LMSites, layer: int, kind: str,
     the session's context. With ``writes``, a tensor ``on_stream`` returns (not the same object) replaces the
     stream there, so everything downstream reads it; None or the same tensor leaves the pass alone."""
     sites.check(kind)
+    from .lm_nnsight import register as register_nnsight
+
+    if register_nnsight(session, sites, layer, kind, on_stream, writes):  # an nnsight-backed model: no torch hooks
+        return
     block = sites.layers[layer]
     handles = session._handles
 

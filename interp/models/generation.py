@@ -156,8 +156,10 @@ def _generate_batch(model, prompts: Sequence[list[int]], max_new_tokens: int, st
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
     cache = _cache(model, width + max_new_tokens)
     check_cancel()
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
-                   logits_to_keep=1).logits[:, -1]
+    from ..hooks.lm_nnsight import call_model  # the model itself, or through nnsight's trace (--backend nnsight)
+
+    logits = call_model(model, input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                        use_cache=True, logits_to_keep=1).logits[:, -1]
     positions = positions[:, -1:] + 1
     running = list(range(len(prompts)))  # batch row of each row still decoding
     new_tokens: list[list[int]] = [[] for _ in prompts]
@@ -183,8 +185,8 @@ def _generate_batch(model, prompts: Sequence[list[int]], max_new_tokens: int, st
             running = [running[slot] for slot in keep]
         mask = torch.cat([mask, mask.new_ones((len(running), 1))], dim=-1)
         check_cancel()
-        logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, cache=cache,
-                       use_cache=True).logits[:, -1]
+        logits = call_model(model, input_ids=tokens[:, None], attention_mask=mask, position_ids=positions,
+                            cache=cache, use_cache=True).logits[:, -1]
         positions = positions + 1
 
 

@@ -32,7 +32,7 @@ from zoo import WEIGHTS_DIR
 from . import fetch as registry
 from .spec import EMBEDDED_PREFIX  # defined where kinds are decided (a module without torch)
 
-BACKENDS = ("hf", "transformer_lens")
+BACKENDS = ("hf", "transformer_lens", "nnsight")
 
 
 class LMError(ValueError):
@@ -319,10 +319,16 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
         raise LMError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
     name = str(name_or_path)
     hf_model, tokenizer = load_hf_lm(name, device=device, dtype=dtype)
-    if backend == "hf":
+    if backend in ("hf", "nnsight"):
         c = hf_model.config
+        if backend == "nnsight":  # the same model, its sites read and written through nnsight's trace
+            from ..hooks.lm_nnsight import wrap
+            from ..hooks.lm_sites import lm_sites
+
+            lm_sites(hf_model)  # a family the site table does not verify is refused before nnsight wraps it
+            wrap(hf_model, tokenizer)
         return LanguageModel(hf_model, tokenizer, n_layers=c.num_hidden_layers, d_model=c.hidden_size,
-                             n_ctx=hf_n_ctx(c), backend="hf", name=name)
+                             n_ctx=hf_n_ctx(c), backend=backend, name=name)
     from ..hooks.lm_sites import find_family
 
     config = hf_model.config

@@ -1,0 +1,107 @@
+"""The nnsight backend (`interp.hooks.lm_nnsight`): the same site names, read and written through nnsight's trace,
+give the Hugging Face backend's numbers on every verified family (tiny random models with noisy biases and norm
+gains), for capture, splice, steering and greedy generation with an edit; a pass that bypasses nnsight is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from flowlens.tiny import tiny_family_lm, word_level_tokenizer
+from interp.hooks.lm import capture_residuals, forward_padded, model_sites, residual_hook_names
+from interp.hooks.lm_nnsight import NNsightRouteError, call_model, state_of, wrap
+from interp.hooks.lm_sites import VERIFIED_ARCHITECTURES, hf_base_model
+from interp.models.lm import LanguageModel, hf_n_ctx
+
+# one family of each layout the site table distinguishes (pre-norm rotary, parallel, post-LN and flat MLP input,
+# normalised branch outputs, multipliers, learned positions); the other verified rows share one of these layouts
+LABELS = ["gpt2", "gpt_neox", "llama", "qwen2", "gemma2", "phi3", "olmo2", "granite", "opt", "opt-350m"]
+WORDS = "the cat sat on a mat and then it ran to see what the dog did with one red ball".split()
+TOKENIZER = word_level_tokenizer([" ".join(WORDS)])
+
+
+def test_the_chosen_layouts_are_verified_rows():
+    assert set(LABELS) <= {label for label, _, _ in VERIFIED_ARCHITECTURES}
+
+
+def as_language_model(model, tokenizer, backend):
+    c = model.config
+    return LanguageModel(model, tokenizer, n_layers=c.num_hidden_layers, d_model=c.hidden_size, n_ctx=hf_n_ctx(c),
+                         backend=backend, name=f"tiny-{backend}")
+
+
+def pair(label):
+    """(the Hugging Face LanguageModel, the same weights nnsight-backed)"""
+    model = tiny_family_lm(label, len(TOKENIZER))
+    twin = copy.deepcopy(model)
+    wrap(twin, TOKENIZER)
+    return as_language_model(model, TOKENIZER, "hf"), as_language_model(twin, TOKENIZER, "nnsight")
+
+
+def padded():
+    rows = [TOKENIZER(" ".join(WORDS[:9]))["input_ids"], TOKENIZER(" ".join(WORDS[5:11]))["input_ids"]]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return ids, mask
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_nnsight_backend_equals_hf_at_every_site_and_under_every_edit(label):
+    from interp.hooks.lm_splice import residual_replacement
+    from interp.hooks.lm_steer import LMEdit, apply_lm_edits
+
+    hf, nn = pair(label)
+    ids, mask = padded()
+    names = residual_hook_names(hf.n_layers, model_sites(hf))
+    ours, theirs = capture_residuals(nn, ids, mask, names), capture_residuals(hf, ids, mask, names)
+    keep = mask.bool()
+    for name in names:
+        torch.testing.assert_close(ours[name][keep], theirs[name][keep], rtol=1e-5, atol=1e-5)
+    vector = torch.randn(hf.d_model, generator=torch.Generator().manual_seed(1))
+    site = "blocks.0.hook_resid_mid" if "resid_mid" in model_sites(hf) else "blocks.0.hook_resid_post"
+    later = f"blocks.{hf.n_layers - 1}.hook_resid_post"
+    results = []
+    for lm in (hf, nn):
+        with residual_replacement(lm, site, lambda x: x + vector):
+            spliced = capture_residuals(lm, ids, mask, [later])[later]
+        edit = LMEdit(site, "add", direction=vector.tolist(), strength=2.0, positions="all")
+        with apply_lm_edits(lm, [edit], prompt_length=ids.shape[1]):
+            steered = capture_residuals(lm, ids, mask, [later])[later]
+        results.append((spliced, steered))
+    clean = theirs[later]
+    assert (results[0][0] - clean)[keep].abs().max() > 1e-3           # the edits move the stream
+    for a, b in zip(*results):
+        torch.testing.assert_close(a[keep], b[keep], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("label", ["llama", "gpt2", "gemma2"])
+def test_nnsight_backend_generates_as_hf_with_and_without_an_edit(label):
+    from interp.hooks.lm_steer import LMEdit, generate
+
+    hf, nn = pair(label)
+    texts = [" ".join(WORDS[:6]), " ".join(WORDS[3:7])]
+    vector = torch.randn(hf.d_model, generator=torch.Generator().manual_seed(2))
+    edit = LMEdit("blocks.1.hook_resid_pre", "add", direction=vector.tolist(), strength=4.0, positions="all")
+    for edits in ([], [edit]):
+        a = generate(hf, texts, edits=edits, max_new_tokens=5)
+        b = generate(nn, texts, edits=edits, max_new_tokens=5)
+        assert a == b
+
+
+def test_a_pass_that_bypasses_nnsight_while_a_site_is_hooked_is_refused():
+    from interp.hooks.lm import residual_capture
+
+    _, nn = pair("llama")
+    ids, mask = padded()
+    with residual_capture(nn, ["blocks.0.hook_resid_post"]) as capture:
+        with pytest.raises(NNsightRouteError, match="does not run through nnsight"):
+            nn.model(input_ids=ids, attention_mask=mask)
+        forward_padded(nn, ids, mask)
+    assert capture.activations["blocks.0.hook_resid_post"].shape[:2] == ids.shape
+    nn.model(input_ids=ids, attention_mask=mask)  # nothing hooked: a plain pass runs
+    assert state_of(nn.model) is not None and state_of(hf_base_model(nn.model)) is state_of(nn.model)
+    assert call_model(nn.model, input_ids=ids, attention_mask=mask).logits.shape[:2] == ids.shape
