@@ -185,12 +185,14 @@ BACKENDS = ("hf", "transformer_lens", "nnsight")
 
 
 def add_backend_argument(parser, what: str = "") -> None:
-    """``--backend hf|transformer_lens``, the same option on every command that loads a language model: the
-    Hugging Face model as it is, or TransformerLens' (a HookedTransformer where it converts one locally, a
-    TransformerBridge otherwise); both read and write the same residual stream (tests/test_lm_families.py)."""
+    """``--backend hf|transformer_lens|nnsight``, the same option on every command that loads a language model: the
+    Hugging Face model as it is, TransformerLens' (a HookedTransformer where it converts one locally, a
+    TransformerBridge otherwise), or the Hugging Face model wrapped in nnsight's LanguageModel (its sites read and
+    written inside nnsight's trace); all read and write the same residual stream (tests/test_lm_families.py,
+    tests/test_lm_nnsight.py)."""
     parser.add_argument("--backend", choices=BACKENDS, default="hf",
-                        help=f"{what}the language model's backend: hf (default) or transformer_lens; both read the "
-                             f"same residual stream (docs/lm-architectures.md)")
+                        help=f"{what}the language model's backend: hf (default), transformer_lens or nnsight; all "
+                             f"read the same residual stream (docs/lm-architectures.md)")
 
 
 def lm_dtype(name: str | None):
