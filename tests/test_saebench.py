@@ -234,3 +234,100 @@ def test_bad_input_one_line_nothing_written(tmp_path, capsys):
         assert code == 2, args
         assert len(err) == 1 and err[0].startswith("error:") and expected in err[0], err
         assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- sparse probing
+
+def test_sparse_probing_matches_saebench_functions(tl_lm, sae):
+    """Mean-pooled residuals and latents against sae_bench_utils.activation_collection (its own capture on the
+    same TransformerLens model and tokens), and every probe against probe_training.train_probe_on_activations
+    with the same seed: per-class accuracies within 0.01 (the issue's bound for a probe's randomness)."""
+    _need_sae_bench()
+    import sae_bench.evals.sparse_probing.probe_training as their_probes
+    import sae_bench.sae_bench_utils.activation_collection as their_acts
+
+    from interp.hooks.lm import right_padded
+    from interp.lm_text import start_token
+    from saes.bench.evals.sparse_probing import (load_dataset, pooled_activations, probe_accuracies, split)
+
+    options = BenchOptions(hook=HOOK, model_name="toy-chat", max_examples=24, seed=3)
+    train_texts, test_texts = split(load_dataset("chat_world_kind", options), options.max_examples, options.seed)
+    start, _ = start_token(tl_lm.tokenizer)
+    adapter = _SAEForSAEBench(sae)
+    adapter.dtype = torch.float32
+
+    def both(texts_by_class):
+        ours, theirs_llm, theirs_sae = {}, {}, {}
+        for cls, texts in texts_by_class.items():
+            ours[cls] = pooled_activations(tl_lm, sae, HOOK, texts, context=64, batch_size=16)
+            ids = [[start] + row[:63] for row in tl_lm.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+            tokens, _ = right_padded(tl_lm, ids)  # padded with the pad token, which SAEBench masks
+            bld = their_acts.get_all_llm_activations({cls: {"input_ids": tokens}}, tl_lm.model, 16, 1, HOOK,
+                                                     mask_bos_pad_eos_tokens=True)
+            theirs_llm.update(their_acts.create_meaned_model_activations(bld))
+            theirs_sae.update(their_acts.get_sae_meaned_activations(bld, adapter, 16))
+        return ours, theirs_llm, theirs_sae
+
+    ours_train, llm_train, sae_train = both(train_texts)
+    ours_test, llm_test, sae_test = both(test_texts)
+    for cls in train_texts:
+        torch.testing.assert_close(ours_train[cls][0], llm_train[cls], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours_train[cls][1], sae_train[cls], rtol=1e-4, atol=1e-5)
+
+    # jaxtyping 0.3 (this stack) carries train_probe_on_activations' dimension names into train_sklearn_probe,
+    # where the one-vs-rest data are twice the per-class size: SAEBench's own call fails its own shape check. The
+    # checks are off for SAEBench's calls only (they check annotations, not numbers).
+    from jaxtyping import config as jaxtyping_config
+
+    jaxtyping_config.update("jaxtyping_disable", True)
+    try:
+        for train, test in ((llm_train, llm_test), (sae_train, sae_test)):
+            for k in (None, 1, 5):
+                _compare_probes(their_probes, train, test, k, options.seed, set(train_texts))
+    finally:
+        jaxtyping_config.update("jaxtyping_disable", False)
+
+
+def _compare_probes(their_probes, train, test, k, seed, classes):
+    from saes.bench.evals.sparse_probing import probe_accuracies
+
+    torch.manual_seed(seed)
+    _, theirs = their_probes.train_probe_on_activations(
+        train, test, select_top_k=k, use_sklearn=k is not None, batch_size=250, epochs=100, lr=1e-2)
+    ours = probe_accuracies(train, test, k, seed)
+    assert set(ours) == set(theirs) == classes
+    for cls in ours:
+        print(k, ours, theirs)
+    assert abs(ours[cls] - theirs[cls]) <= 0.01, (k, cls, ours[cls], theirs[cls])
+
+
+def test_bench_sparse_probing_json_and_one_class_dataset(tmp_path, capsys):
+    """`saes bench --evals sparse_probing` on a labelled file: valid SAEBench JSON; a one-class file: one line,
+    nothing written."""
+    _need_sae_bench()
+    from saes.__main__ import main
+    from zoo.chat.world import World, WorldConfig
+
+    rows = World(WorldConfig(seed=0)).mixture("held_out", 160, {"general": 0.5, "harmful": 0.5}, seed=1)
+    labelled = tmp_path / "kinds.jsonl"
+    labelled.write_text("".join(json.dumps({"text": r["prompt"], "label": r["kind"]}) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert main(["bench", "--sae", str(SAE_DIR), "--model", "toy-chat", "--evals", "sparse_probing",
+                 "--dataset", str(labelled), "--max-examples", "40", "--out", str(out), "--option", "ks=[1,2]",
+                 "--threads", "1"]) == 0
+    capsys.readouterr()
+    (path,) = out.rglob("*.json")
+    result = json.loads(path.read_text())
+    validate(result)
+    metrics = result["eval_result_metrics"]
+    assert metrics["llm"]["llm_top_5_test_accuracy"] is None and metrics["sae"]["sae_top_2_test_accuracy"] is not None
+    assert result["eval_result_details"][0]["dataset_name"] == "kinds.jsonl"
+    assert metrics["llm"]["llm_test_accuracy"] > 0.8  # harmful vs general requests: plain in the residual
+
+    one = tmp_path / "one.jsonl"
+    one.write_text("".join(json.dumps({"text": r["prompt"], "label": "general"}) + "\n" for r in rows[:20]))
+    out2 = tmp_path / "out2"
+    code, err = _bench(["--sae", str(SAE_DIR), "--model", "toy-chat", "--evals", "core,sparse_probing",
+                        "--dataset", str(one), "--out", str(out2)], capsys)
+    assert code == 2 and len(err) == 1 and "has 1 class ('general')" in err[0], err
+    assert not out2.exists()
