@@ -229,7 +229,8 @@ def core_batch(lm, sae, hook: str, ids: torch.Tensor, mask: torch.Tensor, specia
 
 def held_out_documents(options: BenchOptions, tokenizer) -> tuple[list[str], str]:
     """(documents, where they came from): --text, or for the embedded chat models the chat world's held-out
-    conversations (rendered by the model's chat template, as saes/pretrained/toy-chat/ship.sh renders its own)."""
+    conversations (rendered by the model's chat template): the held-out set saes/pretrained/toy-chat/ship.sh
+    evaluates the shipped SAE on."""
     from interp.lm_text import read_documents
 
     if options.text is not None:
@@ -237,7 +238,7 @@ def held_out_documents(options: BenchOptions, tokenizer) -> tuple[list[str], str
     if options.model_name.startswith("toy-chat"):
         from zoo.chat.world import World, WorldConfig
 
-        rows = World(WorldConfig(seed=0)).mixture("held_out", 400, {"general": 0.6, "harmful": 0.2, "benign": 0.2},
+        rows = World(WorldConfig(seed=0)).mixture("held_out", 2000, {"general": 0.6, "harmful": 0.2, "benign": 0.2},
                                                    seed=7)
         docs = []
         for row in rows:
@@ -246,7 +247,7 @@ def held_out_documents(options: BenchOptions, tokenizer) -> tuple[list[str], str
             if tokenizer.bos_token and text.startswith(tokenizer.bos_token):
                 text = text[len(tokenizer.bos_token):]
             docs.append(text)
-        return docs, "chat world held_out split (400 conversations, seed 7)"
+        return docs, "chat world held_out split (2000 conversations, seed 7: toy-chat ship.sh's heldout.jsonl)"
     raise ValueError(f"the core eval needs held-out text for {options.model_name}: pass --text FILE (JSONL or "
                      f"lines; see docs/saebench.md)")
 

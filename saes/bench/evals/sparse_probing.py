@@ -22,7 +22,7 @@ Datasets (--dataset, comma-separated; a built-in name or a file):
 SAEBench's own sets (bias-in-bios, Amazon reviews, AG News, GitHub code, Europarl) need a hub download; Dolly's
 categories stand in for AG News (the genre of a short text, 8 classes, one-vs-rest), XSTest's safe / unsafe label
 for the binary sentiment set (one semantic judgement of the whole text; its contrast prompts share the surface
-words of the safe ones). Texts are cut to --context tokens and led by the model's start token (which our SAEs are
+words of the safe ones). Texts are cut to 128 tokens (--option probe_context=N) and led by the model's start token (which our SAEs are
 trained after); a class with fewer than 4 texts, or a dataset with one class, is refused.
 """
 
@@ -177,16 +177,17 @@ def pooled_activations(lm, sae, hook: str, texts: list[str], context: int, batch
 
 def prepare_probe_data(acts: dict[str, torch.Tensor], cls: str) -> tuple[torch.Tensor, torch.Tensor]:
     """One-vs-rest data for `cls`, balanced, shuffled: SAEBench's draws (torch.randperm on the global generator,
-    in its order), so a seeded run picks the same examples."""
+    in its order), so a seeded run picks the same examples. Where the other classes together have fewer examples
+    than `cls`, a random subset of `cls` as large as theirs is kept (SAEBench stops there)."""
     positive = acts[cls]
     n_pos = len(positive)
     others = [k for k in acts if k != cls]
     per_class = math.ceil(n_pos / len(others))
     negative = torch.cat([acts[k][torch.randperm(len(acts[k]))[:per_class]] for k in others])
     negative = negative[torch.randperm(len(negative))[:n_pos]]
-    if negative.shape != positive.shape:
-        raise ValueError(f"class {cls} has more examples ({n_pos}) than the other classes can balance "
-                         f"({len(negative)}): lower --max-examples or add data")
+    if len(negative) < n_pos:  # a class larger than all others together (SAEBench's sets never are: it asserts)
+        positive = positive[torch.randperm(n_pos)[:len(negative)]]
+        n_pos = len(positive)
     x = torch.cat([positive, negative])
     y = torch.full((len(x),), NEGATIVE, dtype=torch.int)
     y[:n_pos] = POSITIVE
@@ -266,8 +267,14 @@ def _ks(options: BenchOptions) -> tuple[int, ...]:
     return options.get_ints("ks", DEFAULT_KS, 1, 1000)
 
 
+def _probe_context(options: BenchOptions) -> int:
+    """Tokens per text (SAEBench's context_length, 128), apart from --context (the core eval's sequences)."""
+    return options.get_int("probe_context", 128, 2, 4096)
+
+
 def _check(sae, lm, options: BenchOptions) -> None:
     _ks(options)
+    _probe_context(options)
     for name in dataset_names(options):
         load_dataset(name, options)
 
@@ -277,9 +284,9 @@ def run_dataset(lm, sae, options: BenchOptions, name: str, ks) -> tuple[dict, di
     train_texts, test_texts = split(data, options.max_examples, options.seed)
     train, test = {}, {}
     for cls in train_texts:
-        train[cls] = pooled_activations(lm, sae, options.hook, train_texts[cls], options.context_size,
+        train[cls] = pooled_activations(lm, sae, options.hook, train_texts[cls], _probe_context(options),
                                         options.batch_size)
-        test[cls] = pooled_activations(lm, sae, options.hook, test_texts[cls], options.context_size,
+        test[cls] = pooled_activations(lm, sae, options.hook, test_texts[cls], _probe_context(options),
                                        options.batch_size)
     per_class: dict[str, dict[str, float]] = {}
     for prefix, index in (("llm", 0), ("sae", 1)):
@@ -318,7 +325,7 @@ def run_sparse_probing(sae, lm, options: BenchOptions) -> EvalResult:
                for label, means in results.items()]
     config = {"random_seed": options.seed, "dataset_names": list(results), "probe_train_set_size":
               options.max_examples, "probe_test_set_size": options.max_examples,
-              "context_length": options.context_size, "sae_batch_size": options.batch_size,
+              "context_length": _probe_context(options), "sae_batch_size": options.batch_size,
               "llm_batch_size": options.batch_size, "llm_dtype": options.dtype, "model_name": options.model_name,
               "k_values": list(ks), "lower_vram_usage": False}
     note = ("probe_train_set_size / probe_test_set_size hold --max-examples, the cap per class before an 80/20 "
@@ -328,7 +335,7 @@ def run_sparse_probing(sae, lm, options: BenchOptions) -> EvalResult:
 
 SPARSE_PROBING = register_eval(EvalType(
     name="sparse_probing", eval_type_id=EVAL_TYPE_ID, run=run_sparse_probing, kinds=("lm",), check=_check,
-    options=("ks",),
+    options=("ks", "probe_context"),
     description="SAEBench sparse probing: top-k SAE latents vs the residual stream, logistic probes per class"))
 
 __all__ = ["BUILT_IN", "SPARSE_PROBING", "load_dataset", "pooled_activations", "prepare_probe_data",
