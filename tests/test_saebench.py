@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saes.bench.registry import BenchOptions, eval_types
+from saes.bench.registry import BenchOptions
 from saes.bench.schema import ENVELOPE_FIELDS, SchemaError, envelope, schemas, validate, write_result
 from saes.sae import SAE
 
