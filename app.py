@@ -17,6 +17,7 @@ from pathlib import Path
 
 import gradio as gr
 
+import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
 from interp.cli import DTYPES, add_dtype_argument, dtype_name, lm_dtype, t2i_dtype
 from interp.models import ModelError, load_t2i
 from ui.common import DEFAULT_PROMPT, USER_ERRORS, Number, Sessions, Slider, session_key, user_errors, whole_number

@@ -21,6 +21,8 @@ import os
 import sys
 from pathlib import Path
 
+import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
+
 from interp.cli import MIXED_DEFAULT, add_dtype_argument, at_least, probability, run_command, t2i_dtype
 from interp.shipped import add_overwrite_options
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from zoo import WEIGHTS_DIR
+from ..embedded import registered_weights_dir, weights_dir
 from . import fetch as registry
 
 # TransformerLens keeps an (n_ctx, n_ctx) causal mask in every attention layer: 8192 positions would
@@ -62,8 +62,8 @@ class LanguageModel:
 
 def embedded_lms() -> dict[str, Path]:
     """Names of the embedded chat models that are present: {"toy-chat": .../chat-base, "toy-chat-safety-0.4": ...}."""
-    found = {}
-    for directory in sorted(WEIGHTS_DIR.glob("chat-*")):
+    found, weights = {}, registered_weights_dir()  # none when zoo is not imported (loading one then says so)
+    for directory in sorted(weights.glob("chat-*")) if weights is not None else ():
         if (directory / "config.json").exists() and not directory.name.endswith(".tmp"):
             suffix = directory.name[len("chat-"):]
             found[EMBEDDED_PREFIX if suffix == "base" else f"{EMBEDDED_PREFIX}-{suffix}"] = directory
@@ -92,7 +92,7 @@ def resolve_lm(name_or_path: str | os.PathLike) -> tuple[str, bool]:
         known = embedded_lms()
         if name not in known:
             raise LMError(f"no embedded chat model named {name!r}; present: {sorted(known) or 'none'}. "
-                          f"Train them with `python -m zoo train chat` (writes {WEIGHTS_DIR}/chat-*).")
+                          f"Train them with `python -m zoo train chat` (writes {weights_dir()}/chat-*).")
         return str(known[name]), True
     path = Path(name).expanduser()
     if path.is_dir():
