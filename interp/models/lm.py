@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ..embedded import registered_weights_dir, weights_dir
+from .language_model import LanguageModel, LMError, hf_n_ctx, use_chat_template  # noqa: F401 - also named here
 from . import fetch as registry
 
 # TransformerLens keeps an (n_ctx, n_ctx) causal mask in every attention layer: 8192 positions would
@@ -33,31 +32,6 @@ TL_MAX_CTX = 2048
 
 BACKENDS = ("hf", "transformer_lens")
 EMBEDDED_PREFIX = "toy-chat"
-
-
-class LMError(ValueError):
-    """A model that cannot be loaded as asked; the message says what is missing and what to do."""
-
-
-@dataclass
-class LanguageModel:
-    """A loaded causal LM: the model, its tokenizer and the sizes hooks need.
-
-    ``model`` is a Hugging Face ``PreTrainedModel`` (backend ``"hf"``) or a TransformerLens
-    ``HookedTransformer`` (backend ``"transformer_lens"``), in eval mode.
-    """
-
-    model: Any
-    tokenizer: Any
-    n_layers: int
-    d_model: int
-    n_ctx: int
-    backend: str
-    name: str
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
 
 
 def embedded_lms() -> dict[str, Path]:
@@ -129,22 +103,6 @@ def load_hf_lm(name_or_path: str | os.PathLike, device: str = "cpu", dtype: torc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; masked out everywhere
     return model.to(device).eval(), tokenizer
-
-
-def use_chat_template(tokenizer, requested: bool | None = None) -> bool:
-    """Whether prompts go through the tokenizer's chat template: ``None`` (the default everywhere) means
-    yes for a chat model (a tokenizer with a template), no otherwise; ``True`` without a template is an error."""
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if requested and not has_template:
-        raise LMError("a chat template was asked for but the tokenizer has none (use --no-chat-template)")
-    return has_template if requested is None else bool(requested)
-
-
-def hf_n_ctx(config) -> int:
-    """The model's context in tokens (2048 when its config does not say)."""
-    from .generation import context_length
-
-    return context_length(config) or 2048
 
 
 def gpt2_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
