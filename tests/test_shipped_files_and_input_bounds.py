@@ -21,7 +21,7 @@ import saes.__main__
 from interp.shipped import MARKER, OUTPUT_OPTIONS, ShippedFilesError, is_shipped, refuse_shipped, shipped_roots
 from zoo import WEIGHTS_DIR
 from saes.library import PRETRAINED_DIR
-from test_hardening_cli import run_cli, toy_loaded  # noqa: F401 (a fixture)
+from test_cli_input_errors import run_cli, toy_loaded  # noqa: F401 (a fixture)
 from test_saes_cli import small_store
 
 MID = "mid_block.attentions.0"
