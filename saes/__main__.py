@@ -54,10 +54,12 @@ def _channels(store, block: str) -> int:
 def _store_metadata(store, block: str, path: str) -> dict:
     """The SAE's metadata: its hook and sae-lens' model_name (the store's model); for a language-model store also
     context_size, prepend_bos and dataset_path, so that sae-lens and TransformerLens users can attach it."""
+    from interp.names import LM
+
     metadata = {"hook_name": block, "store": str(path)}
     if store.manifest.get("model"):  # which model the SAE reads: the SAE is refused with any other
         metadata["model_name"] = store.manifest["model"]
-    if getattr(store, "kind", None) == "lm":
+    if getattr(store, "kind", None) == LM:
         manifest = store.manifest
         metadata.update(model_name=manifest["model"], context_size=int(manifest["context"]), prepend_bos=True,
                         dataset_path=manifest["text"])
@@ -307,12 +309,14 @@ def _features(args) -> int:
     from interp.shipped import refuse_shipped
 
     from .features import ANALYSE_ELSEWHERE, analyse, default_pool_dir
-    from .lm_features import lm_features_command, reads_lm_hook
+    from interp.models.spec import LM, saved_kind
+
+    from .lm_features import lm_features_command
     from .pool import generate_pool, store_pool
     from .probes import AnalysisConfig
     from .sae import SAE, check_sae_model
 
-    if args.text is not None or reads_lm_hook(args.sae):  # SAEs on an LM's residual stream: cards over text
+    if args.text is not None or any(saved_kind(path) == LM for path in args.sae):  # LM SAEs: cards over text
         return lm_features_command(args)
     if args.out is None:
         raise ValueError("give --out DIR, where features.html and features_summary.json go")

@@ -92,16 +92,17 @@ def language_model(model):
     """The `interp.models.lm.LanguageModel` view hooks need (``model``, ``backend``, ``n_layers``) of a loaded
     LanguageModel (returned as it is), a bare Hugging Face causal LM (peft-wrapped too, as fine-tuning hands
     it in) or a bare TransformerLens ``HookedTransformer``. A bare model has no tokenizer (``tokenizer`` None)."""
-    if hasattr(model, "backend"):
-        return model
-    from ..models.language_model import LanguageModel, hf_n_ctx
+    from ..models.language_model import LanguageModel, hf_n_ctx, lm_form
 
+    form = lm_form(model)  # the one duck typing of a loaded LM (`interp.models.spec.kind_of` asks it too)
+    if form == "loaded":
+        return model
     name = type(model).__name__
-    if hasattr(model, "hook_dict") and hasattr(model, "cfg"):
+    if form == "transformer_lens":
         return LanguageModel(model, None, n_layers=model.cfg.n_layers, d_model=model.cfg.d_model,
                              n_ctx=model.cfg.n_ctx, backend="transformer_lens", name=name)
     config = getattr(model, "config", None)
-    if not isinstance(model, torch.nn.Module) or getattr(config, "num_hidden_layers", None) is None:
+    if form != "hf" or not isinstance(model, torch.nn.Module):
         raise LMHookError(f"expected a language model (interp.models.lm.LanguageModel, a Hugging Face causal LM or "
                           f"a HookedTransformer), not {name}")
     return LanguageModel(model, None, n_layers=config.num_hidden_layers, d_model=config.hidden_size,

@@ -38,6 +38,20 @@ class LanguageModel:
         return next(self.model.parameters()).device
 
 
+def lm_form(model) -> str | None:
+    """How a loaded language model comes, by what it has (the one place of this duck typing; `interp.models.spec.
+    kind_of` and `interp.hooks.lm.language_model` ask it): ``"loaded"`` (a `LanguageModel`), ``"transformer_lens"`` (a
+    bare ``HookedTransformer``), ``"hf"`` (a bare Hugging Face model with a ``num_hidden_layers`` config, peft-wrapped
+    too), or None (not a language model)."""
+    if hasattr(model, "backend") and hasattr(model, "n_layers"):
+        return "loaded"
+    if hasattr(model, "hook_dict") and hasattr(model, "cfg"):
+        return "transformer_lens"
+    if getattr(getattr(model, "config", None), "num_hidden_layers", None) is not None:
+        return "hf"
+    return None
+
+
 def use_chat_template(tokenizer, requested: bool | None = None) -> bool:
     """Whether prompts go through the tokenizer's chat template: ``None`` (the default everywhere) means
     yes for a chat model (a tokenizer with a template), no otherwise; ``True`` without a template is an error."""
@@ -54,4 +68,4 @@ def hf_n_ctx(config) -> int:
     return context_length(config) or 2048
 
 
-__all__ = ["LMError", "LanguageModel", "hf_n_ctx", "use_chat_template"]
+__all__ = ["LMError", "LanguageModel", "hf_n_ctx", "lm_form", "use_chat_template"]
