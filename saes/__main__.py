@@ -23,7 +23,8 @@ from pathlib import Path
 
 import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
 
-from interp.cli import MIXED_DEFAULT, add_dtype_argument, at_least, probability, run_command, t2i_dtype
+from interp.cli import (MIXED_DEFAULT, add_backend_argument, add_dtype_argument, at_least, probability, run_command,
+                        t2i_dtype)
 from interp.shipped import add_overwrite_options
 
 
@@ -170,8 +171,7 @@ def _add_eval_arguments(parser) -> None:
                                                      "loss recovered and KL; --tokens caps the scored tokens")
     parser.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
     parser.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
-    parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
-                        help="--text: the language model's backend (both read the same residual stream)")
+    add_backend_argument(parser, what="--text: ")
     add_dtype_argument(parser, default=None, said=MIXED_DEFAULT)
     parser.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json, or for a shipped SAE "
                                                     "runs/eval/<its path>/eval.json; .md beside it)")
@@ -301,8 +301,7 @@ def _add_features_arguments(parser) -> None:
     parser.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
                                                      "with Dolly's or text fields, or plain text lines)")
     parser.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
-    parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
-                        help="--text: the language model's backend (both read the same residual stream)")
+    add_backend_argument(parser, what="--text: ")
 
 
 def _features(args) -> int:
