@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from interp.cli import run_command
 from interp.shipped import add_overwrite_options
 
 
@@ -43,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         sub = group.add_parser(name, help=help_text)
         add_arguments(sub)
         sub.set_defaults(run=command)
+    from interp.cli import run_command  # read when called (tests stand in for it)
+
     # one error map for every command (exit 2 with a message; Ctrl-C 130): each resumes when run again
     return run_command(add_overwrite_options(parser).parse_args(argv),
                        interrupted="interrupted: run the same command again to resume")
