@@ -85,16 +85,26 @@ def test_the_shipped_saes_and_models_say_their_kind(shipped, kind):
     assert saved_kind(Path(__file__).resolve().parents[1] / shipped) == kind
 
 
-def test_the_core_alone_names_what_to_import_for_an_embedded_model():
-    """Registration: a program that imports only `interp` is told in one line to import `zoo` (which registers the
-    embedded models and the shapes world); the registry is not silently empty."""
+def test_the_core_alone_names_what_to_import_for_an_embedded_model(monkeypatch):
+    """Registration: the core registers nothing of its own (a fresh interpreter that imports only the core has no
+    weights directory and no world), and asking it for an embedded model before `zoo` registered one is one line
+    saying to import `zoo`, for either kind; a hub name is still a hub name."""
     import subprocess
     import sys
+    from pathlib import Path
 
-    code = ("from interp.models import load_t2i\n"
+    from interp import embedded
+    from interp.models.lm import load_lm
+    from interp.models.t2i import load_t2i
+
+    code = ("from interp.embedded import registered_weights_dir\n"
             "from interp.ground_truth import WORLDS\n"
-            "assert WORLDS == {}\n"
-            "try:\n    load_t2i('toy')\nexcept ValueError as error:\n    print(error)\n")
+            "print(registered_weights_dir(), WORLDS)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=__import__("pathlib").Path(__file__).resolve().parents[1]).stdout
-    assert out.strip().startswith("no embedded models are registered: import zoo first")
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.strip() == "None {}"
+    monkeypatch.setattr(embedded, "_WEIGHTS", [])
+    for load, name in ((load_t2i, "toy"), (load_lm, "toy-chat")):
+        with pytest.raises(embedded.NotRegistered, match=r"^no embedded models are registered: import zoo first"):
+            load(name)
+    assert model_spec("stabilityai/sdxl-turbo").source == "hub"
