@@ -17,6 +17,7 @@ import os
 import re
 from pathlib import Path
 
+import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded); light
 from interp.cli import DTYPES, add_dtype_argument
 
 # the names tests and benchmarks import from app, served from the modules that hold them (imported on first use,

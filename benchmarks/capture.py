@@ -24,6 +24,7 @@ import torch
 
 from safetensors.torch import save_file
 
+import zoo  # noqa: F401 - registers the embedded models with the core (interp.embedded)
 from interp.edits import Edit
 from interp.hooks import apply_edits, capture_updates, generate
 from interp.models.t2i import KNOWN_MODELS, SDXL_BLOCKS, T2IModel, block_info, load_t2i

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # run from anywhere; the repo's packages first
+import zoo  # noqa: F401,E402 - registers the embedded models with the core (interp.embedded)
 from interp.hooks.lm import forward_padded, residual_capture, right_padded  # noqa: E402
 from interp.lm_text import read_documents, token_sequences  # noqa: E402
 from interp.models.lm import available_lms, load_lm  # noqa: E402

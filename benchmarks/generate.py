@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+import zoo  # noqa: F401 - registers the embedded models with the core (interp.embedded)
 from interp.models import load_t2i
 
 PROMPT = "a small red circle at the top left and a large blue striped star in the center on a white background"

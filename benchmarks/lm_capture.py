@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 
+import zoo  # noqa: F401 - registers the embedded models with the core (interp.embedded)
 from interp.hooks.lm import forward_padded, right_padded
 from interp.lm_text import read_documents, token_sequences
 from interp.models.lm import load_lm

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+import zoo  # noqa: F401 - registers the embedded models with the core (interp.embedded)
 from flowlens.refusals import format_prompt, read_xstest_csv
 from interp.models.generation import DEFAULT_BATCH_SIZE, eos_ids, greedy_generate_tokens
 from interp.models.lm import load_hf_lm

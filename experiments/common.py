@@ -35,7 +35,8 @@ GEOMETRY_SEED = 13
 
 # The code a measured cell depends on: a cell is current when the hash of these files is the one it records.
 MEASURE_CODE = ("experiments/common.py", "flowlens/finetune.py", "flowlens/vcl.py", "flowlens/refusals.py",
-                "flowlens/geometry.py", "interp/models/generation.py", "interp/models/lm.py", "interp/hooks/lm.py",
+                "flowlens/geometry.py", "interp/models/generation.py", "interp/models/lm.py",
+                "interp/models/language_model.py", "interp/hooks/lm.py",
                 "interp/hooks/scoped.py", "interp/lm_text.py", "zoo/chat/world.py")  # lm_text: the refusal
 # detector and the prompt stripping; scoped: the hook session every capture is
 

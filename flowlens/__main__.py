@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
+
 from interp.cli import run_command
 from interp.shipped import add_overwrite_options
 

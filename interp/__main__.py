@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
+
 from .cli import add_backend_argument, add_dtype_argument, at_least, dtype_name, parse_dtype, run_command
 from .shipped import add_overwrite_options
 from .models.t2i import MAX_SEED

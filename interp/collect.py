@@ -23,7 +23,8 @@ from typing import ClassVar, Iterable, Iterator
 
 import torch
 
-from .cli import MIXED_DEFAULT, add_dtype_argument, at_least, dtype_name, parse_dtype
+from .cli import (MIXED_DEFAULT, add_backend_argument, add_dtype_argument, at_least, dtype_name,
+                  parse_dtype)
 from .hooks.diffusion import capture_updates
 from .models.t2i import MAX_SEED, generate
 from .store import (CALLS_PER_STEP, FORMAT, LM_INDEX, LM_KIND, MANIFEST_FILE, PLAN_FILE, SHARD_DIR, STEP_REDUCTION,
@@ -396,7 +397,7 @@ def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
                          "longer documents are cut into several sequences")
     lm.add_argument("--tokens-per-shard", type=at_least(1), default=16384)
     lm.add_argument("--batch-size", type=at_least(1), default=16, help="sequences per forward pass")
-    lm.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf")
+    add_backend_argument(lm)
     lm.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: torch's)")
     add_dtype_argument(parser, default=None, what="the model (recorded in the plan)", said=MIXED_DEFAULT)
     parser.add_argument("--out", required=True, help="store directory (created; resumed if it holds this plan)")

@@ -31,8 +31,8 @@ the Paint tab) names none of them:
     truth.hides_on_background            # the object attribute an object vanishes by sharing with the background
     example_label(truth)                 # "attribute=value" of the first key attribute (hints and messages)
 
-A new world implements `GroundTruth` and is added to `WORLDS`; a model made in it names it (`KnownModel.world`,
-`T2IModel.world`).
+A new world implements `GroundTruth` and its package registers it (`register_world`; `zoo` registers the shapes
+world when imported); a model made in it names it (`KnownModel.world`, `T2IModel.world`).
 """
 
 from __future__ import annotations
@@ -105,14 +105,13 @@ def example_label(truth: GroundTruth) -> str:
     return next(f"{a}={v}" for a, v in truth.attribute_values() if a == attribute)
 
 
-def _shapes() -> GroundTruth:
-    from zoo.shapes import WORLD
-
-    return WORLD
+# name -> the world (made when first asked for), as its package registers it: `zoo` registers "shapes" on import
+WORLDS: dict[str, Callable[[], GroundTruth]] = {}
 
 
-# name -> the world (imported when first asked for)
-WORLDS: dict[str, Callable[[], GroundTruth]] = {"shapes": _shapes}
+def register_world(name: str, make: Callable[[], GroundTruth]) -> None:
+    """Register a world by name: ``make()`` returns its `GroundTruth` (called when the world is first asked for)."""
+    WORLDS[name] = make
 
 
 class GroundTruthError(ValueError):
@@ -122,7 +121,8 @@ class GroundTruthError(ValueError):
 def world(name: str) -> GroundTruth:
     """A world by name (``"shapes"``)."""
     if name not in WORLDS:
-        raise GroundTruthError(f"unknown world {name!r}; the worlds are: {', '.join(WORLDS)}")
+        known = ", ".join(WORLDS) or "none registered (a world's package registers it: `import zoo`)"
+        raise GroundTruthError(f"unknown world {name!r}; the worlds are: {known}")
     return WORLDS[name]()
 
 

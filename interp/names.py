@@ -1,6 +1,16 @@
-"""Canonical names of hook sites, shared by every package (imports nothing)."""
+"""Canonical names of hook sites and of the two kinds of model, shared by every package (imports nothing)."""
 
 from __future__ import annotations
+
+# The two kinds of model, in the one vocabulary of objects and files (`interp.models.spec` decides which a model is).
+LM, T2I = "lm", "t2i"
+KINDS = (LM, T2I)
+
+
+def kind_word(word) -> str:
+    """A kind as a saved file says it, in the one vocabulary: ``"lm"``, else ``"t2i"`` (absent, ``"t2i"``, or
+    ``"diffusion"``, the word activation stores were read with before the vocabulary was one)."""
+    return LM if word == LM else T2I
 
 UNET_PREFIX = "unet."
 

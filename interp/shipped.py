@@ -1,8 +1,8 @@
 """The one guard for files that ship with the repository: they are written only on purpose (`--overwrite`).
 
-Shipped files are found two ways. By location: the embedded models (`zoo/weights/`) and the pretrained
-SAEs (`saes/pretrained/`). By a marker: each shipped root holds a file named `SHIPPED`, so a copy of a whole root
-made elsewhere (``cp -r saes/pretrained runs/pretrained``) is protected too; a copy of one model or one SAE set
+Shipped files are found two ways. By location: the embedded models (`zoo/weights/`, as `zoo` registers it:
+`interp.embedded`) and the pretrained SAEs (`saes/pretrained/`). By a marker: each shipped root holds a file named
+`SHIPPED`, so a copy of a whole root made elsewhere (``cp -r saes/pretrained runs/pretrained``) is protected too; a copy of one model or one SAE set
 (``cp -r saes/pretrained/toy runs/toy-saes``) carries no marker and is the user's own.
 
 Every command line reaches the guard: `interp.cli.run_command` checks the options named in `OUTPUT_OPTIONS`
@@ -17,14 +17,21 @@ import argparse
 import os
 from pathlib import Path
 
-from zoo import WEIGHTS_DIR
+from .embedded import registered_weights_dir
 
 MARKER = "SHIPPED"
-# The shipped roots by location: the embedded models' weights and the pretrained SAEs beside the `interp` package.
-SHIPPED_ROOTS = (WEIGHTS_DIR, Path(__file__).resolve().parent.parent / "saes" / "pretrained")
+# The pretrained SAEs beside the `interp` package: a shipped root by location (a path, not an import).
+PRETRAINED_ROOT = Path(__file__).resolve().parent.parent / "saes" / "pretrained"
 # argparse destinations that name where a command writes: checked by run_command before any command runs.
 OUTPUT_OPTIONS = ("out", "save_to", "pool_dir")
 WRITE_ELSEWHERE = "write to a directory of your own instead (e.g. --out runs/NAME)"
+
+
+def shipped_roots() -> tuple[Path, ...]:
+    """The shipped roots by location: the embedded models' weights (as `zoo` registers them:
+    `interp.embedded`) and the pretrained SAEs. Each also holds the marker, so it is protected without registration."""
+    weights = registered_weights_dir()
+    return (PRETRAINED_ROOT,) if weights is None else (weights, PRETRAINED_ROOT)
 
 
 class ShippedFilesError(ValueError):
@@ -35,7 +42,7 @@ def shipped_root(path: str | os.PathLike) -> Path | None:
     """The shipped root that `path` is or lies inside (by location, or by the nearest directory above it holding
     the marker file); None for a path of the user's own. The path need not exist."""
     path = Path(path).expanduser().resolve()
-    for root in SHIPPED_ROOTS:
+    for root in shipped_roots():
         if path == root or root in path.parents:
             return root
     for directory in (path, *path.parents):
@@ -61,7 +68,7 @@ def refuse_shipped(paths, command: str, instead: str = WRITE_ELSEWHERE) -> None:
 
 
 def _describe(root: Path) -> str:
-    return str(root) if root in SHIPPED_ROOTS else f"{root}, marked shipped by its {MARKER} file"
+    return str(root) if root in shipped_roots() else f"{root}, marked shipped by its {MARKER} file"
 
 
 def _leaf_parsers(parser: argparse.ArgumentParser):

@@ -46,6 +46,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .atomic import atomic_write, remove_temporaries
+from .names import LM, kind_word
 
 FORMAT = "interp-activation-store"
 VERSION = 1
@@ -66,7 +67,7 @@ FILE_MODE = 0o644
 #     {hook: (n, d_model) fp16, "token_index": (n,), "sequence": (n,), "position": (n,), "token_id": (n,)}
 # The corpus is cut into sequences of at most `context` tokens, each led by one start token
 # (interp.lm_text); the start token's own position is never stored, nor is padding.
-LM_KIND = "lm"
+LM_KIND = LM  # `interp.names`: a store says its kind in the one vocabulary (absent: "t2i")
 LM_INDEX = "token_index"
 
 
@@ -282,7 +283,7 @@ class ActivationStore:
             raise StoreError(f"{manifest_file} is not an {FORMAT} manifest")
         self.blocks: list[str] = list(self.manifest["blocks"])
         self.shards: list[dict] = self.manifest["shards"]
-        self.kind: str = self.manifest.get("kind", "diffusion")  # LM_KIND: tokens, else images
+        self.kind: str = kind_word(self.manifest.get("kind"))  # LM_KIND ("lm"): tokens, else "t2i": images
         self._checked: set[tuple[str, str]] = set()  # (shard file, block) read and found intact
 
     def __len__(self) -> int:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
+
 from interp.cli import add_dtype_argument, at_least, dtype_name, probability, run_command, t2i_dtype
 from interp.shipped import add_overwrite_options
 

@@ -23,7 +23,10 @@ import os
 import sys
 from pathlib import Path
 
-from interp.cli import MIXED_DEFAULT, add_dtype_argument, at_least, probability, run_command, t2i_dtype
+import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
+
+from interp.cli import (MIXED_DEFAULT, add_backend_argument, add_dtype_argument, at_least, probability, run_command,
+                        t2i_dtype)
 from interp.shipped import add_overwrite_options
 
 
@@ -54,10 +57,12 @@ def _channels(store, block: str) -> int:
 def _store_metadata(store, block: str, path: str) -> dict:
     """The SAE's metadata: its hook and sae-lens' model_name (the store's model); for a language-model store also
     context_size, prepend_bos and dataset_path, so that sae-lens and TransformerLens users can attach it."""
+    from interp.names import LM
+
     metadata = {"hook_name": block, "store": str(path)}
     if store.manifest.get("model"):  # which model the SAE reads: the SAE is refused with any other
         metadata["model_name"] = store.manifest["model"]
-    if getattr(store, "kind", None) == "lm":
+    if getattr(store, "kind", None) == LM:
         manifest = store.manifest
         metadata.update(model_name=manifest["model"], context_size=int(manifest["context"]), prepend_bos=True,
                         dataset_path=manifest["text"])
@@ -168,8 +173,7 @@ def _add_eval_arguments(parser) -> None:
                                                      "loss recovered and KL; --tokens caps the scored tokens")
     parser.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
     parser.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
-    parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
-                        help="--text: the language model's backend (both read the same residual stream)")
+    add_backend_argument(parser, what="--text: ")
     add_dtype_argument(parser, default=None, said=MIXED_DEFAULT)
     parser.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json, or for a shipped SAE "
                                                     "runs/eval/<its path>/eval.json; .md beside it)")
@@ -299,20 +303,21 @@ def _add_features_arguments(parser) -> None:
     parser.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
                                                      "with Dolly's or text fields, or plain text lines)")
     parser.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
-    parser.add_argument("--backend", choices=("hf", "transformer_lens"), default="hf",
-                        help="--text: the language model's backend (both read the same residual stream)")
+    add_backend_argument(parser, what="--text: ")
 
 
 def _features(args) -> int:
     from interp.shipped import refuse_shipped
 
     from .features import ANALYSE_ELSEWHERE, analyse, default_pool_dir
-    from .lm_features import lm_features_command, reads_lm_hook
+    from interp.models.spec import LM, saved_kind
+
+    from .lm_features import lm_features_command
     from .pool import generate_pool, store_pool
     from .probes import AnalysisConfig
     from .sae import SAE, check_sae_model
 
-    if args.text is not None or reads_lm_hook(args.sae):  # SAEs on an LM's residual stream: cards over text
+    if args.text is not None or any(saved_kind(path) == LM for path in args.sae):  # LM SAEs: cards over text
         return lm_features_command(args)
     if args.out is None:
         raise ValueError("give --out DIR, where features.html and features_summary.json go")

@@ -13,7 +13,6 @@ checked against the pool when they are loaded: a card file made on another pool 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +64,12 @@ class FeatureLibrary:
     @classmethod
     def for_model(cls, model_name: str) -> "FeatureLibrary | None":
         """The SAEs shipped for a model known by name ("toy"); None when there are none."""
-        if not model_name or "/" in model_name or os.sep in model_name:
+        from interp.models.spec import T2I, model_spec
+
+        if not model_name:
+            return None
+        spec = model_spec(model_name)
+        if spec.kind != T2I or spec.source != "embedded":  # a directory, a hub id or a language model: none shipped
             return None
         root = PRETRAINED_DIR / model_name
         return cls(root) if any(root.glob(f"*/{CFG_FILENAME}")) else None

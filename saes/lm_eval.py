@@ -22,7 +22,6 @@ dead latents on the same held-out tokens.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
@@ -137,17 +136,13 @@ def lm_table(rows: dict[str, dict]) -> str:
 
 def wants_lm_eval(args) -> bool:
     """Whether `saes eval` is about a language model: --text, an LM --model, or an LM store."""
+    from interp.models.spec import LM, model_spec, saved_kind
+
     if getattr(args, "text", None) is not None:
         return True
     if args.model is not None:
-        from interp.models.spec import model_spec
-
         return model_spec(args.model).is_lm
-    if args.store is not None and (Path(args.store) / "manifest.json").is_file():
-        from interp.store import ActivationStore
-
-        return ActivationStore(args.store).kind == "lm"
-    return False
+    return args.store is not None and saved_kind(args.store) == LM
 
 
 def lm_eval_command(args) -> int:

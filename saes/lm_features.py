@@ -39,6 +39,8 @@ import torch
 from interp.atomic import atomic_write_text
 from interp.cli import dtype_name, lm_dtype
 from interp.hooks.lm_steer import is_residual_hook
+from interp.models.spec import LM
+from interp.models.spec import saved_hook_name as sae_hook_name  # what an SAE directory reads (named here too)
 from interp.shipped import refuse_shipped
 
 from .features import ANALYSE_ELSEWHERE, HTML_FILENAME
@@ -46,7 +48,7 @@ from .pool import FEATURES_FILENAME
 from .sae import CFG_FILENAME, SAE
 from .strict_json import write_json
 
-KIND = "lm"  # features.json's "kind": cards over a text corpus, not an image pool
+KIND = LM  # features.json's "kind": cards over a text corpus, not an image pool
 
 
 @dataclass
@@ -78,16 +80,6 @@ class LMAnalysisConfig:
 
 # ----------------------------------------------------------------------------- which SAEs
 
-def sae_hook_name(directory: str | os.PathLike) -> str | None:
-    """The hook an SAE directory says it reads (cfg.json's metadata.hook_name, or sae-lens' top-level hook_name)."""
-    path = Path(directory) / CFG_FILENAME
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return (raw.get("metadata") or {}).get("hook_name") or raw.get("hook_name")
-
-
 def _dirs_under(path: Path) -> list[Path]:
     return [path] if (path / CFG_FILENAME).is_file() else sorted(p.parent for p in path.glob(f"*/{CFG_FILENAME}"))
 
@@ -101,14 +93,6 @@ def lm_sae_dirs(paths) -> list[Path]:
             raise ValueError(f"{path} is not an SAE directory (no {CFG_FILENAME}) nor a directory of them")
         dirs += found
     return dirs
-
-
-def reads_lm_hook(paths) -> bool:
-    """Whether the SAE directories given (or the directories of SAEs under them) read LM residual hooks."""
-    for path in paths:
-        if any(is_residual_hook(sae_hook_name(d)) for d in _dirs_under(Path(path))):
-            return True
-    return False
 
 
 # ----------------------------------------------------------------------------- the corpus
@@ -446,5 +430,5 @@ def lm_features_command(args) -> int:
 
 
 __all__ = ["LMAnalysisConfig", "analyse_lm_sae", "card_html", "encode_corpus", "feature_cards",
-           "lm_features_command", "load_lm_cards", "logit_tokens", "reads_lm_hook", "render_html",
+           "lm_features_command", "load_lm_cards", "logit_tokens", "render_html", "sae_hook_name",
            "tokenize_corpus"]

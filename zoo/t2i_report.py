@@ -21,6 +21,24 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def add_evaluate_arguments(parser) -> None:
+    """`python -m zoo evaluate`'s options."""
+    from interp.cli import add_dtype_argument
+
+    parser.add_argument("--model", default="toy", help="model name or directory (default: the embedded toy model)")
+    parser.add_argument("--n", type=int, default=500, help="generations per object count")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None,
+                        help="denoising steps (default: the model's own: 1 for the toys, a toy-base's recipe.json)")
+    parser.add_argument("--guidance", type=float, default=None,
+                        help="classifier-free guidance scale (default: the model's own; 0 = none)")
+    parser.add_argument("--out", default=None, help="write JSON and a markdown table here")
+    add_dtype_argument(parser, what="the pipeline")
+    parser.add_argument("--zero-pooled-text", action="store_true",
+                        help="set the pooled prompt embedding (the prompt's path into the time embedding) to zero, "
+                             "so the prompt reaches the image through the cross-attention blocks alone")
+
+
 def evaluate_command(args) -> int:
     from interp.cli import parse_dtype
     from interp.models import ModelError, load_t2i

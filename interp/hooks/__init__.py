@@ -43,6 +43,7 @@ from .diffusion import (
     resolve_blocks,
     run_pipeline,
 )
+from ..names import LM
 from .scoped import ScopedHooks
 
 __all__ = [
@@ -78,7 +79,7 @@ def capture(model, sites, **options):
     language model: ``sites`` are residual hook names and this is `residual_capture(model, sites, **options)`
     (``last_index``, ``keep_graph``); read ``.activations[name]``.
     """
-    if model_kind(model) == "lm":
+    if model_kind(model) == LM:
         return lm.residual_capture(model, sites, **options)
     return capture_updates(model, sites, **options)
 
@@ -90,7 +91,7 @@ def intervene(model, edits, **options):
     **options)` (``saes``, ``n_steps``). A language model: `interp.hooks.lm_steer.LMEdit`s (or their dicts) on
     the residual stream, `apply_lm_edits(model, edits, **options)` (``saes``, ``prompt_length``).
     """
-    if model_kind(model) == "lm":
+    if model_kind(model) == LM:
         from .lm_steer import apply_lm_edits
 
         return apply_lm_edits(lm.language_model(model), edits, **options)

@@ -27,6 +27,7 @@ guidance (`current_generation_call`). Those names are re-exported here for exist
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -364,8 +365,6 @@ class BlockCapture(UNetSession):
         self.records = {name: [] for name in self.blocks}
         self.stop = None
         if stop_after_last:
-            from .truncate import stop_after_blocks
-
             self.stop = stop_after_blocks(model_or_unet, self.blocks)
 
     def __enter__(self):
@@ -513,3 +512,101 @@ def apply_edits(model_or_unet, edits, saes: dict | None = None, n_steps: int | N
     that every edit's steps exist.
     """
     return EditSession(model_or_unet, edits, saes=saes, n_steps=n_steps)
+
+
+# ----------------------------------------------------------------------------- truncation: a generation's final call
+# (`interp.hooks.truncate`'s docstring tells the story: a capture whose caller throws the image away ends early)
+
+def last_needed_block(model_or_unet, sites: Sequence[str]) -> str:
+    """The block, of those the ``sites`` (blocks, or joint blocks' `<block>:text`) name, that a denoiser call runs
+    last."""
+    denoiser = unet_of(model_or_unet)
+    blocks = {split_site(site)[0] for site in resolve_blocks(model_or_unet, list(sites))}
+    order = family_of_module(denoiser).execution_order(denoiser)
+    return max(blocks, key=order.index)
+
+
+def _reads_after(session, denoiser, position: int, order: list[str]) -> bool:
+    """Whether another active session may need the denoiser past block ``order[position]`` (True when unsure)."""
+    if isinstance(session, StopAfterBlocks):
+        return session.unet is denoiser and order.index(session.block) > position
+    if isinstance(session, EditSession):
+        return False  # it changes outputs this generation throws away; what it edits earlier runs
+    if isinstance(session, (UNetSession, NeuronCapture)):
+        if session.unet is not denoiser:
+            return False
+        blocks = session.sites if isinstance(session, NeuronCapture) else session.modules
+        return any(order.index(split_site(site)[0]) > position for site in blocks)
+    if getattr(session, "lm", None) is not None:
+        return False  # a language model's session
+    unet = getattr(session, "unet", None)
+    return unet is None or unet is denoiser  # hooks of its own on this denoiser, or unknown: it may read on
+
+
+class _StopGeneration(Exception):
+    """Raised by a `StopAfterBlocks` hook; never leaves that session's ``with`` block."""
+
+    def __init__(self, session):
+        super().__init__()
+        self.session = session
+
+
+class StopAfterBlocks(ScopedHooks):
+    """Ends each generation run in this context at its final denoiser call, once ``block`` has run
+    (`stop_after_blocks`). ``stopped``: how many generations it ended early."""
+
+    def __init__(self, model_or_unet, block: str):
+        self.unet = unet_of(model_or_unet)
+        self.block = block_name(block)
+        self.module = resolve_blocks(model_or_unet, [self.block])[self.block]
+        self.order = family_of_module(self.unet).execution_order(self.unet)
+        self.position = self.order.index(self.block)
+        self.stopped = 0
+        self._generation = None  # the GenerationCall of the generation in progress
+        self._call = -1          # its denoiser call in progress
+        self._final = False      # that call is the generation's last: stop it after the block
+        self._handles: list = []
+
+    def _on_denoiser_call(self, module, args, kwargs=None):
+        from .scoped import _ACTIVE_SESSIONS
+
+        if not self._active():
+            return None
+        call = current_generation_call()
+        if call is None:  # outside `run_pipeline`: the scheduler, and so the last call, is unknown
+            self._final = False
+            return None
+        self._call = 0 if call is not self._generation else self._call + 1
+        self._generation = call
+        last = call.last_call()
+        self._final = (last is not None and self._call == last and not any(
+            _reads_after(s, self.unet, self.position, self.order) for s in _ACTIVE_SESSIONS.get() if s is not self))
+        return None
+
+    def _on_block(self, module, args, output):
+        if not self._active() or not self._final:
+            return None
+        self._final = False
+        self.stopped += 1
+        from ..models.t2i import report_last_step
+
+        report_last_step(self._generation)
+        raise _StopGeneration(self)
+
+    def _register(self) -> None:
+        self._handles.append(self.unet.register_forward_pre_hook(self._on_denoiser_call, with_kwargs=True))
+        self._handles.append(self.module.register_forward_hook(self._on_block))
+
+    def __exit__(self, exc_type, exc, tb):
+        super().__exit__(exc_type, exc, tb)
+        return isinstance(exc, _StopGeneration) and exc.session is self
+
+
+def stop_after_blocks(model_or_unet, sites: Sequence[str]) -> StopAfterBlocks:
+    """A `StopAfterBlocks` at the block of ``sites`` a denoiser call runs last (`interp.hooks.truncate`). Enter it
+    after the capture it serves, so that the capture's hook on that block records first:
+
+        with capture_updates(model, sites) as cap, stop_after_blocks(model, sites):
+            generate(model, prompts, output_type="latent")
+    """
+    return StopAfterBlocks(model_or_unet, last_needed_block(model_or_unet, sites))

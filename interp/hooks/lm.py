@@ -113,16 +113,17 @@ def language_model(model):
     """The `interp.models.lm.LanguageModel` view hooks need (``model``, ``backend``, ``n_layers``) of a loaded
     LanguageModel (returned as it is), a bare Hugging Face causal LM (peft-wrapped too, as fine-tuning hands
     it in) or a bare TransformerLens ``HookedTransformer``. A bare model has no tokenizer (``tokenizer`` None)."""
-    if hasattr(model, "backend"):
-        return model
-    from ..models.lm import LanguageModel, hf_n_ctx
+    from ..models.language_model import LanguageModel, hf_n_ctx, lm_form
 
+    form = lm_form(model)  # the one duck typing of a loaded LM (`interp.models.spec.kind_of` asks it too)
+    if form == "loaded":
+        return model
     name = type(model).__name__
-    if hasattr(model, "hook_dict") and hasattr(model, "cfg"):
+    if form == "transformer_lens":
         return LanguageModel(model, None, n_layers=model.cfg.n_layers, d_model=model.cfg.d_model,
                              n_ctx=model.cfg.n_ctx, backend="transformer_lens", name=name)
     config = getattr(model, "config", None)
-    if not isinstance(model, torch.nn.Module) or getattr(config, "num_hidden_layers", None) is None:
+    if form != "hf" or not isinstance(model, torch.nn.Module):
         raise LMHookError(f"expected a language model (interp.models.lm.LanguageModel, a Hugging Face causal LM or "
                           f"a HookedTransformer), not {name}")
     return LanguageModel(model, None, n_layers=config.num_hidden_layers, d_model=config.hidden_size,
@@ -235,6 +236,58 @@ def right_padded(lm, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, 
     return ids, mask
 
 
+# ----------------------------------------------------------------------------- truncation: stop after a layer
+# (`interp.hooks.truncate`'s docstring tells the story: the layers after the last hooked one never run)
+
+class _StopForward(Exception):
+    """Raised by the last needed layer's hook; never leaves `StopAfter`'s ``with`` block."""
+
+
+def last_needed_layer(names: Sequence[str], n_layers: int) -> int:
+    """The last decoder layer whose computation any of the hook ``names`` reads (a resid_pre of layer l reads
+    layers < l, but stopping at the end of layer l keeps the rule one line and costs one layer at most)."""
+    if not names:
+        raise ValueError("no hook names to stop after")
+    return max(parse_hook_name(name, n_layers)[0] for name in names)
+
+
+class StopAfter(ScopedHooks):
+    """Ends every forward pass run in this context once decoder layer ``layer`` has run (`stop_after`)."""
+
+    def __init__(self, lm, layer: int):
+        self.lm = language_model(lm)
+        if not 0 <= layer < self.lm.n_layers:
+            raise ValueError(f"layer {layer} is not one of the model's 0..{self.lm.n_layers - 1}")
+        self.layer = layer
+        self._handles: list = []
+
+    def _block(self):
+        if self.lm.backend == "transformer_lens":
+            return self.lm.model.blocks[self.layer]
+        return decoder_layers(self.lm.model)[self.layer]
+
+    def _register(self) -> None:
+        def on_output(module, inputs, output):
+            if self._active():
+                raise _StopForward
+            return None
+
+        self._handles.append(self._block().register_forward_hook(on_output))
+
+    def __exit__(self, exc_type, exc, tb):
+        super().__exit__(exc_type, exc, tb)
+        return exc_type is not None and issubclass(exc_type, _StopForward)
+
+
+def stop_after(lm, names: Sequence[str]) -> StopAfter:
+    """A `StopAfter` at the last layer the hook ``names`` need (`interp.hooks.truncate`)."""
+    lm = language_model(lm)
+    return StopAfter(lm, last_needed_layer(names, lm.n_layers))
+
+
+_stop_after = stop_after  # forward_padded's parameter of that name hides the function
+
+
 @torch.no_grad()
 def forward_padded(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    stop_after: Sequence[str] | None = None) -> None:
@@ -244,9 +297,7 @@ def forward_padded(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     they need (`interp.hooks.truncate`: no later layers, final norm or LM head; the captures are unchanged)."""
     from contextlib import nullcontext
 
-    from .truncate import stop_after as stopping
-
-    with stopping(lm, stop_after) if stop_after else nullcontext():
+    with _stop_after(lm, stop_after) if stop_after else nullcontext():
         _forward_padded(lm, input_ids, attention_mask)
 
 
@@ -293,7 +344,7 @@ def format_prompts(tokenizer, prompts: Sequence[str], chat_template: bool | None
                    strip_trailing_punctuation_: bool = False) -> list[str]:
     """Raw prompts, optionally stripped of trailing punctuation, optionally in the tokenizer's chat template
     (``None``: when the tokenizer has one)."""
-    from ..models.lm import LMError, use_chat_template
+    from ..models.language_model import LMError, use_chat_template
 
     texts = [strip_trailing_punctuation(p) if strip_trailing_punctuation_ else p for p in prompts]
     try:
@@ -322,7 +373,7 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
         raise LMHookError("no prompts given")
     if batch_size <= 0:
         raise LMHookError("batch_size must be positive")
-    from ..models.lm import use_chat_template
+    from ..models.language_model import use_chat_template
 
     texts = format_prompts(lm.tokenizer, prompts, chat_template, strip_trailing_punctuation)  # checks the template
     templated = use_chat_template(lm.tokenizer, chat_template)
@@ -353,6 +404,6 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
     return torch.cat(out)
 
 
-__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "capture_residuals", "check_hooks",
+__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "StopAfter", "capture_residuals", "check_hooks",
            "decoder_layers", "format_prompts", "right_padded", "language_model", "last_token_residuals", "model_sites", "parse_hook_name",
-           "residual_capture", "residual_hook_names", "strip_trailing_punctuation"]
+           "last_needed_layer", "residual_capture", "residual_hook_names", "stop_after", "strip_trailing_punctuation"]

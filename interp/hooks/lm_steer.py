@@ -387,7 +387,7 @@ def apply_lm_edits(lm, edits: Sequence[LMEdit | dict], saes: dict | None = None,
 def prompt_texts(lm, prompts: Sequence[str], chat_template: bool | None = None) -> tuple[list[str], bool]:
     """(the texts to generate from, whether the tokenizer should add its special tokens): the prompts in
     the tokenizer's chat template when it has one (``chat_template=None``) or when asked."""
-    from ..models.lm import use_chat_template
+    from ..models.language_model import use_chat_template
 
     texts = format_prompts(lm.tokenizer, prompts, chat_template)
     return texts, not use_chat_template(lm.tokenizer, chat_template)

@@ -22,48 +22,22 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from zoo import WEIGHTS_DIR
+from ..embedded import registered_weights_dir, weights_dir
+from .language_model import LanguageModel, LMError, hf_n_ctx, use_chat_template  # noqa: F401 - also named here
 from . import fetch as registry
 from .spec import EMBEDDED_PREFIX  # defined where kinds are decided (a module without torch)
 
 BACKENDS = ("hf", "transformer_lens", "nnsight")
 
 
-class LMError(ValueError):
-    """A model that cannot be loaded as asked; the message says what is missing and what to do."""
-
-
-@dataclass
-class LanguageModel:
-    """A loaded causal LM: the model, its tokenizer and the sizes hooks need.
-
-    ``model`` is a Hugging Face ``PreTrainedModel`` (backend ``"hf"``) or a TransformerLens
-    ``HookedTransformer`` (backend ``"transformer_lens"``), in eval mode.
-    """
-
-    model: Any
-    tokenizer: Any
-    n_layers: int
-    d_model: int
-    n_ctx: int
-    backend: str
-    name: str
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-
 def embedded_lms() -> dict[str, Path]:
     """Names of the embedded chat models that are present: {"toy-chat": .../chat-base, "toy-chat-safety-0.4": ...}."""
-    found = {}
-    for directory in sorted(WEIGHTS_DIR.glob("chat-*")):
+    found, weights = {}, registered_weights_dir()  # none when zoo is not imported (loading one then says so)
+    for directory in sorted(weights.glob("chat-*")) if weights is not None else ():
         if (directory / "config.json").exists() and not directory.name.endswith(".tmp"):
             suffix = directory.name[len("chat-"):]
             found[EMBEDDED_PREFIX if suffix == "base" else f"{EMBEDDED_PREFIX}-{suffix}"] = directory
@@ -92,7 +66,7 @@ def resolve_lm(name_or_path: str | os.PathLike) -> tuple[str, bool]:
         known = embedded_lms()
         if name not in known:
             raise LMError(f"no embedded chat model named {name!r}; present: {sorted(known) or 'none'}. "
-                          f"Train them with `python -m zoo train chat` (writes {WEIGHTS_DIR}/chat-*).")
+                          f"Train them with `python -m zoo train chat` (writes {weights_dir()}/chat-*).")
         return str(known[name]), True
     path = Path(name).expanduser()
     if path.is_dir():
@@ -129,22 +103,6 @@ def load_hf_lm(name_or_path: str | os.PathLike, device: str = "cpu", dtype: torc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token  # batching needs a pad id; masked out everywhere
     return model.to(device).eval(), tokenizer
-
-
-def use_chat_template(tokenizer, requested: bool | None = None) -> bool:
-    """Whether prompts go through the tokenizer's chat template: ``None`` (the default everywhere) means
-    yes for a chat model (a tokenizer with a template), no otherwise; ``True`` without a template is an error."""
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if requested and not has_template:
-        raise LMError("a chat template was asked for but the tokenizer has none (use --no-chat-template)")
-    return has_template if requested is None else bool(requested)
-
-
-def hf_n_ctx(config) -> int:
-    """The model's context in tokens (2048 when its config does not say)."""
-    from .generation import context_length
-
-    return context_length(config) or 2048
 
 
 # The largest difference a TransformerLens model may show against the Hugging Face model it was made from, as a

@@ -16,12 +16,12 @@ re-deciding.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-LM, T2I = "lm", "t2i"
-KINDS = (LM, T2I)
+from ..names import KINDS, LM, T2I, kind_word
 EMBEDDED_PREFIX = "toy-chat"  # the embedded chat models' names (interp.models.lm's; kept here so no torch is needed)
 
 
@@ -100,8 +100,7 @@ def model_spec(name: str | os.PathLike) -> ModelSpec:
         return ModelSpec(text, LM, "registry")
     path = Path(text).expanduser()
     if path.is_dir():
-        is_lm = (path / "config.json").is_file() and not (path / "model_index.json").is_file()
-        return ModelSpec(text, LM if is_lm else T2I, "directory")
+        return ModelSpec(text, LM if saved_kind(path) == LM else T2I, "directory")
     from .t2i import KNOWN_MODELS
 
     known = KNOWN_MODELS.get(text)
@@ -110,18 +109,70 @@ def model_spec(name: str | os.PathLike) -> ModelSpec:
 
 def kind_of(model) -> str:
     """``"lm"`` for a loaded language model (`interp.models.lm.LanguageModel`, a bare Hugging Face causal LM or a
-    TransformerLens ``HookedTransformer``), ``"t2i"`` for a text-to-image model (a `T2IModel`, a diffusers
-    pipeline or a U-Net); a ValueError naming the type for anything else."""
-    if hasattr(model, "backend") and hasattr(model, "n_layers"):
+    TransformerLens ``HookedTransformer``: `interp.models.language_model.lm_form`), ``"t2i"`` for a text-to-image
+    model (a `T2IModel`, a diffusers pipeline or a U-Net); a ValueError naming the type for anything else."""
+    from .language_model import lm_form  # imports torch: only when a loaded model is asked about
+
+    form = lm_form(model)
+    if form == "loaded":
         return LM
     if hasattr(model, "unet") or (hasattr(model, "down_blocks") and hasattr(model, "up_blocks")):
         return T2I
-    if hasattr(model, "hook_dict") and hasattr(model, "cfg"):
-        return LM
-    if getattr(getattr(model, "config", None), "num_hidden_layers", None) is not None:
+    if form is not None:
         return LM
     raise ValueError(f"cannot tell what {type(model).__name__} is: expected a T2IModel, a diffusers pipeline or "
                      f"denoiser, or a language model (interp.models.lm.LanguageModel)")
 
 
-__all__ = ["KINDS", "LM", "ModelSpec", "T2I", "kind_of", "model_spec"]
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def saved_hook_name(directory: str | os.PathLike) -> str | None:
+    """The hook an SAE directory says it reads (cfg.json's metadata.hook_name, or sae-lens' top-level hook_name)."""
+    raw = _json(Path(directory) / "cfg.json")
+    return (raw.get("metadata") or {}).get("hook_name") or raw.get("hook_name")
+
+
+def _sae_kind(directory: Path) -> str:
+    """An SAE directory's kind: the hook it reads is a language model's residual hook, or a denoiser's site."""
+    from ..hooks.lm_steer import is_residual_hook
+
+    return LM if is_residual_hook(saved_hook_name(directory)) else T2I
+
+
+def saved_kind(path: str | os.PathLike) -> str | None:
+    """The kind (``"lm"`` / ``"t2i"``) of something saved, as its files say, in the one vocabulary (old words read):
+
+    - an activation store (manifest.json or plan.json): its ``"kind"`` (absent or ``"diffusion"``: ``"t2i"``);
+    - an SAE directory (cfg.json): the hook it reads, a language model's residual hook or a denoiser's site;
+    - a directory of SAE directories: ``"lm"`` when any of them reads a language model's hook;
+    - feature cards (a features.json, or a directory holding one): their ``"kind"`` (absent: ``"t2i"``);
+    - a saved model (model_index.json: ``"t2i"``; config.json: ``"lm"``).
+
+    None when nothing there says (a path that does not exist included)."""
+    path = Path(path).expanduser()
+    if path.is_file():
+        return kind_word(_json(path).get("kind")) if path.name == "features.json" else None
+    if not path.is_dir():
+        return None
+    for name in ("manifest.json", "plan.json"):
+        if (path / name).is_file():
+            return kind_word(_json(path / name).get("kind"))
+    if (path / "cfg.json").is_file():
+        return _sae_kind(path)
+    saes = sorted(cfg.parent for cfg in path.glob("*/cfg.json"))
+    if saes:
+        return LM if any(_sae_kind(d) == LM for d in saes) else T2I
+    if (path / "features.json").is_file():
+        return kind_word(_json(path / "features.json").get("kind"))
+    if (path / "model_index.json").is_file():
+        return T2I
+    return LM if (path / "config.json").is_file() else None
+
+
+__all__ = ["KINDS", "LM", "ModelSpec", "T2I", "kind_of", "model_spec", "saved_hook_name", "saved_kind"]

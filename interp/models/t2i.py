@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zoo import WEIGHTS_DIR
+from ..embedded import weights_dir
 from .denoisers import UNET, DenoiserFamily, UnsupportedPipeline, denoiser_of, family_of, family_of_index, \
     family_of_module, step_of_calls
 from .generation import Cancelled  # noqa: F401 - one exception for every stopped generation, image or text
@@ -32,29 +32,35 @@ TOY_BLOCKS = SDXL_BLOCKS + ("up_blocks.1.attentions.1", "up_blocks.1.attentions.
 
 @dataclass(frozen=True)
 class KnownModel:
-    source: str  # a hub repository id or a path inside the repo
+    location: str  # a hub repository id or a directory; embedded: a folder of the registered weights directory
     default_steps: int
     default_guidance: float
     embedded: bool = False
     blocks: tuple[str, ...] = SDXL_BLOCKS  # analysed by default: SAEs trained, edits applied, features shown
     world: str | None = None  # the world whose ground truth it was made in (`interp.ground_truth.WORLDS`)
 
+    @property
+    def source(self) -> str:
+        """What loads it: the hub id or directory; an embedded model's folder in the weights directory `zoo`
+        registers (`interp.embedded.weights_dir`: one line when nothing registered it)."""
+        return str(weights_dir() / self.location) if self.embedded else self.location
+
 
 KNOWN_MODELS = {
-    "toy": KnownModel(str(WEIGHTS_DIR / "t2i"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
+    "toy": KnownModel("t2i", 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     # v2 (issue 22): SDXL's proportions, most transformer layers at 8 x 8 (`--config sdxl-proportions`)
-    "toy-v2": KnownModel(str(WEIGHTS_DIR / "t2i-v2"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
+    "toy-v2": KnownModel("t2i-v2", 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     # v3 (issue 22): v2 with transformer blocks only at 8 x 8 (`--config sdxl-blocks-only`), so SDXL's four
-    "toy-v3": KnownModel(str(WEIGHTS_DIR / "t2i-v3"), 1, 0.0, embedded=True, blocks=SDXL_BLOCKS, world="shapes"),
+    "toy-v3": KnownModel("t2i-v3", 1, 0.0, embedded=True, blocks=SDXL_BLOCKS, world="shapes"),
     # v4 (issue 22): v3 trained with the pooled prompt embedding zero (`--zero-pooled-text`), so the prompt reaches
     # the UNet only through the 8 x 8 cross-attentions
-    "toy-v4": KnownModel(str(WEIGHTS_DIR / "t2i-v4"), 1, 0.0, embedded=True, blocks=SDXL_BLOCKS, world="shapes"),
+    "toy-v4": KnownModel("t2i-v4", 1, 0.0, embedded=True, blocks=SDXL_BLOCKS, world="shapes"),
     # toy-base (issue 33): v1's sizes trained as SDXL base is (`--objective v_prediction`, prompt dropout), sampled in
     # 30 steps with guidance 5; the toy's VAE, so the two share one latent space (docs/experiments/step-transfer.md)
-    "toy-base": KnownModel(str(WEIGHTS_DIR / "t2i-base"), 30, 5.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
+    "toy-base": KnownModel("t2i-base", 30, 5.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     # toy-turbo (issue 33): the one-step model trained from toy-base's weights (`--init-from`), as SDXL Turbo was
     # distilled from SDXL base: the pair shares a lineage, as the toy and toy-base do not
-    "toy-turbo": KnownModel(str(WEIGHTS_DIR / "t2i-turbo"), 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
+    "toy-turbo": KnownModel("t2i-turbo", 1, 0.0, embedded=True, blocks=TOY_BLOCKS, world="shapes"),
     "sdxl-turbo": KnownModel("stabilityai/sdxl-turbo", 1, 0.0),
     "sdxl-base": KnownModel("stabilityai/stable-diffusion-xl-base-1.0", 30, 5.0),
 }

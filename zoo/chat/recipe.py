@@ -332,12 +332,14 @@ HEADLINE = ("general_exact_match", "harmful_refusal_rate", "benign_false_refusal
 def saved_model_dir(name: str | os.PathLike) -> Path:
     """The directory of a model the recipe saved: a shipped name (``chat-safety-0.4``), its embedded name
     (``toy-chat-safety-0.4``; ``toy-chat`` is ``chat-base``) or a directory."""
+    from interp.models.lm import embedded_lms
+
     from .. import WEIGHTS_DIR
 
     text = str(name)
-    if text == "toy-chat" or text.startswith("toy-chat-"):
-        text = "chat-base" if text == "toy-chat" else "chat-" + text[len("toy-chat-"):]
-    directory = WEIGHTS_DIR / text if "/" not in text and (WEIGHTS_DIR / text).is_dir() else Path(text).expanduser()
+    directory = embedded_lms().get(text)  # an embedded name, as the core's one table maps it to its folder
+    if directory is None:
+        directory = WEIGHTS_DIR / text if "/" not in text and (WEIGHTS_DIR / text).is_dir() else Path(text).expanduser()
     if not directory.is_dir():
         shipped = sorted(d.name for d in shipped_model_dirs())
         raise ValueError(f"no chat model {str(name)!r}: not a directory, nor one of the shipped models "

@@ -18,10 +18,10 @@ import interp.__main__
 import interp.cli
 import riebench.__main__
 import saes.__main__
-from interp.shipped import MARKER, OUTPUT_OPTIONS, SHIPPED_ROOTS, ShippedFilesError, is_shipped, refuse_shipped
+from interp.shipped import MARKER, OUTPUT_OPTIONS, ShippedFilesError, is_shipped, refuse_shipped, shipped_roots
 from zoo import WEIGHTS_DIR
 from saes.library import PRETRAINED_DIR
-from test_hardening_cli import run_cli, toy_loaded  # noqa: F401 (a fixture)
+from test_cli_input_errors import run_cli, toy_loaded  # noqa: F401 (a fixture)
 from test_saes_cli import small_store
 
 MID = "mid_block.attentions.0"
@@ -52,7 +52,7 @@ def marked_copy(tmp_path: Path) -> Path:
 # ----------------------------------------------------------------------------- the guard itself
 
 def test_shipped_files_are_found_by_location_and_by_the_marker_of_a_copied_root(tmp_path):
-    assert all((root / MARKER).is_file() for root in SHIPPED_ROOTS)  # each shipped root carries the marker
+    assert all((root / MARKER).is_file() for root in shipped_roots())  # each shipped root carries the marker
     assert is_shipped(WEIGHTS_DIR / "t2i" / "recipe.json") and is_shipped(SHIPPED_SAE / "eval.json")
     assert is_shipped(WEIGHTS_DIR / "not-yet" / "deeper")  # a path that does not exist yet, inside a root
     root = marked_copy(tmp_path)

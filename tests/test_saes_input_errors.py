@@ -18,7 +18,7 @@ from saes.sae import SAE, WEIGHTS_FILENAME, SAEFormatError
 from saes.strict_json import NonFiniteError, write_json
 from saes.train import CHECKPOINT_FILENAME, LOG_FILENAME, TrainingDivergedError, train
 from saes.trainers import TopKTrainer
-from test_hardening_cli import run_cli as run_any_cli
+from test_cli_input_errors import run_cli as run_any_cli
 from test_saes_cli import MID, small_store
 from test_saes_train import sparse_dictionary_stream, small_config
 

@@ -1,0 +1,71 @@
+"""The loaded language model's type, below both the loader (`interp.models.lm`) and the hooks (`interp.hooks.lm`).
+
+`LanguageModel` is what `load_lm` returns and what every LM hook takes (`interp.hooks.lm.language_model` wraps a bare
+Hugging Face or TransformerLens model in one). It lives here, not in the loader, so that the hooks read it without
+importing the loader, which checks TransformerLens' bridge with the hooks: no import circle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class LMError(ValueError):
+    """A model that cannot be loaded as asked; the message says what is missing and what to do."""
+
+
+@dataclass
+class LanguageModel:
+    """A loaded causal LM: the model, its tokenizer and the sizes hooks need.
+
+    ``model`` is a Hugging Face ``PreTrainedModel`` (backend ``"hf"``) or a TransformerLens
+    ``HookedTransformer`` (backend ``"transformer_lens"``), in eval mode.
+    """
+
+    model: Any
+    tokenizer: Any
+    n_layers: int
+    d_model: int
+    n_ctx: int
+    backend: str
+    name: str
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def lm_form(model) -> str | None:
+    """How a loaded language model comes, by what it has (the one place of this duck typing; `interp.models.spec.
+    kind_of` and `interp.hooks.lm.language_model` ask it): ``"loaded"`` (a `LanguageModel`), ``"transformer_lens"`` (a
+    bare ``HookedTransformer``), ``"hf"`` (a bare Hugging Face model with a ``num_hidden_layers`` config, peft-wrapped
+    too), or None (not a language model)."""
+    if hasattr(model, "backend") and hasattr(model, "n_layers"):
+        return "loaded"
+    if hasattr(model, "hook_dict") and hasattr(model, "cfg"):
+        return "transformer_lens"
+    if getattr(getattr(model, "config", None), "num_hidden_layers", None) is not None:
+        return "hf"
+    return None
+
+
+def use_chat_template(tokenizer, requested: bool | None = None) -> bool:
+    """Whether prompts go through the tokenizer's chat template: ``None`` (the default everywhere) means
+    yes for a chat model (a tokenizer with a template), no otherwise; ``True`` without a template is an error."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if requested and not has_template:
+        raise LMError("a chat template was asked for but the tokenizer has none (use --no-chat-template)")
+    return has_template if requested is None else bool(requested)
+
+
+def hf_n_ctx(config) -> int:
+    """The model's context in tokens (2048 when its config does not say)."""
+    from .generation import context_length
+
+    return context_length(config) or 2048
+
+
+__all__ = ["LMError", "LanguageModel", "hf_n_ctx", "lm_form", "use_chat_template"]
