@@ -9,6 +9,7 @@ a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -203,3 +204,18 @@ def lm_dtype(name: str | None):
 def t2i_dtype(name: str | None):
     """The torch dtype a text-to-image pipeline loads in for ``--dtype`` (None: `load_t2i`'s own default)."""
     return parse_dtype(name) if name else None
+
+
+def parse_options(pairs: list[str]) -> dict:
+    """``--option key=value`` pairs as a dict, each value read as JSON where it is JSON (a number, a list), else kept as
+    a string."""
+    options = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--option expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options

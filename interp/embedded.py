@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 _WEIGHTS: list[Path] = []  # the registered weights directory (at most one)
+EMBEDDED_PREFIX = "toy-chat"  # the embedded chat models' names: toy-chat (chat-base), toy-chat-<suffix> (chat-<suffix>)
 
 
 class NotRegistered(ValueError):

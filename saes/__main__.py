@@ -25,6 +25,7 @@ from pathlib import Path
 
 import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
 
+from interp.cli import parse_options as _parse_options
 from interp.cli import (MIXED_DEFAULT, add_backend_argument, add_dtype_argument, at_least, probability, run_command,
                         t2i_dtype)
 from interp.shipped import add_overwrite_options
@@ -67,19 +68,6 @@ def _store_metadata(store, block: str, path: str) -> dict:
         metadata.update(model_name=manifest["model"], context_size=int(manifest["context"]), prepend_bos=True,
                         dataset_path=manifest["text"])
     return metadata
-
-
-def _parse_options(pairs: list[str]) -> dict:
-    options = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ValueError(f"--option expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
 
 
 def _add_train_arguments(parser) -> None:

@@ -46,7 +46,7 @@ def llama_to_hooked_transformer(hf_model, tokenizer, device: str = "cpu"):
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions import convert_llama_weights
 
-    from ..models.generation import context_length
+    from ..models.language_model import context_length
 
     c = hf_model.config
     rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}

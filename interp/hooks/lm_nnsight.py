@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from .lm_sites import LMHookError, LMSites
+from .lm_sites import STREAM_REGISTRARS, LMHookError, LMSites
 
 _SITE_ORDER = {"resid_pre": 0, "resid_mid": 1, "resid_post": 2}
 
@@ -211,5 +211,7 @@ def _settle_mid(state, root, sites, layer, pending_delta) -> None:
     out = _first(block.output)
     block.output = _with_first(block.output, out + delta.reshape(out.shape))
 
+
+STREAM_REGISTRARS.append(register)
 
 __all__ = ["NNsightRouteError", "NNsightState", "call_model", "register", "state_of", "wrap"]

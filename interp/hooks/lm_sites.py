@@ -329,6 +329,11 @@ def _with_first(output, tensor):
     return tensor
 
 
+# Backends that reach a site without torch hooks register here: (session, sites, layer, kind, on_stream, writes) ->
+# True when they took the site (`interp.hooks.lm_nnsight` appends its `register` when imported).
+STREAM_REGISTRARS: list = []
+
+
 def register_stream_hooks(session, sites: LMSites, layer: int, kind: str,
                           on_stream: Callable[[torch.Tensor], torch.Tensor | None], writes: bool) -> None:
     """Hooks of ``session`` (a `ScopedHooks`, handles appended to its ``_handles``) that hand the residual
@@ -336,10 +341,9 @@ def register_stream_hooks(session, sites: LMSites, layer: int, kind: str,
     the session's context. With ``writes``, a tensor ``on_stream`` returns (not the same object) replaces the
     stream there, so everything downstream reads it; None or the same tensor leaves the pass alone."""
     sites.check(kind)
-    from .lm_nnsight import register as register_nnsight
-
-    if register_nnsight(session, sites, layer, kind, on_stream, writes):  # an nnsight-backed model: no torch hooks
-        return
+    for register in STREAM_REGISTRARS:  # another backend's way to reach the site (nnsight: interp.hooks.lm_nnsight)
+        if register(session, sites, layer, kind, on_stream, writes):
+            return
     block = sites.layers[layer]
     handles = session._handles
 

@@ -42,21 +42,14 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .language_model import context_length  # noqa: F401 - defined with the loaded LM's type, also named here
+
 DEFAULT_BATCH_SIZE = 128
 DEFAULT_MAX_BATCH_TOKENS = 16384
 
 
 class Cancelled(Exception):
     """Generation stopped because the caller's ``cancel`` flag was raised."""
-
-
-def context_length(config) -> int | None:
-    """The model's context in tokens, or None when its config does not say."""
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def eos_ids(model, tokenizer) -> set[int]:

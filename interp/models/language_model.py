@@ -61,10 +61,17 @@ def use_chat_template(tokenizer, requested: bool | None = None) -> bool:
     return has_template if requested is None else bool(requested)
 
 
+def context_length(config) -> int | None:
+    """The model's context in tokens, or None when its config does not say."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "n_ctx"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def hf_n_ctx(config) -> int:
     """The model's context in tokens (2048 when its config does not say)."""
-    from .generation import context_length
-
     return context_length(config) or 2048
 
 

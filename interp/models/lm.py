@@ -29,7 +29,7 @@ import torch
 from ..embedded import registered_weights_dir, weights_dir
 from .language_model import LanguageModel, LMError, hf_n_ctx, use_chat_template  # noqa: F401 - also named here
 from . import fetch as registry
-from .spec import EMBEDDED_PREFIX  # defined where kinds are decided (a module without torch)
+from ..embedded import EMBEDDED_PREFIX
 
 BACKENDS = ("hf", "transformer_lens", "nnsight")
 

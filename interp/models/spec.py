@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..names import KINDS, LM, T2I, kind_word
-EMBEDDED_PREFIX = "toy-chat"  # the embedded chat models' names (interp.models.lm's; kept here so no torch is needed)
+from ..embedded import EMBEDDED_PREFIX
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ def add_bench_arguments(parser) -> None:
 def bench_command(args) -> int:
     import torch
 
-    from ..__main__ import _parse_options
+    from interp.cli import parse_options as _parse_options
 
     torch.set_num_threads(args.threads)
     extra = _parse_options(args.option)
