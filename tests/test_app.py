@@ -669,9 +669,18 @@ def test_browser_runs_a_few_vcl_steps_and_cancels_cleanly(page):
                "(document.querySelector('#vcl-status').innerText.match(/step (\\d+) of 2000/))", 120_000, "#vcl-status")
     # Issue 41: the whole loss plot re-sent every 0.3 s froze the page, and Cancel took 39 s to over 120 s to land.
     # Clicked from inside the page (its own clock): "Cancelling" must show within 2 s.
-    page.evaluate("() => { window.vclCancelAt = performance.now(); document.querySelector('#vcl-cancel').click(); }")
-    wait_until(page, text_includes("#vcl-status", "Cancel"), 10_000, "#vcl-status")
-    assert page.evaluate("performance.now() - window.vclCancelAt") < 2_000
+    page.evaluate("""() => {
+        const observer = new MutationObserver(() => {
+            if (!(document.querySelector('#vcl-status')?.innerText ?? '').includes('Cancel')) return;
+            observer.disconnect();
+            window.vclCancelSeen = performance.now();
+        });
+        observer.observe(document.body, {childList: true, subtree: true, characterData: true});
+        window.vclCancelAt = performance.now();
+        document.querySelector('#vcl-cancel').click();
+    }""")
+    wait_until(page, "window.vclCancelSeen !== undefined", 10_000, "#vcl-status")
+    assert page.evaluate("window.vclCancelSeen - window.vclCancelAt") < 2_000
     wait_until(page, text_includes("#vcl-status", "Cancelled"), 60_000, "#vcl-status")
     status = page.locator("#vcl-status").inner_text()
     stopped_at = int(status.split("at step ")[1].split(" ")[0])

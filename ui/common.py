@@ -48,6 +48,7 @@ DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped st
 USER_ERRORS = PACKAGE_ERRORS + (KeyError, Cancelled)
 LOG = logging.getLogger("workbench")
 MAX_PROMPT_CHARS = 2000          # a prompt longer than this is refused with the limit (never cut)
+MAX_CHOSEN = 1000                # values a client may send for one multiple-choice field (before they are read)
 MAX_SEED = 2**53 - 1             # the largest whole number a browser (a JSON double) sends exactly
 UPLOAD_LIMIT_BYTES = 2_000_000   # per uploaded data file (launch's max_file_size is the hard cap)
 UPLOADED = "uploaded file"       # the choice of a data source that reads the upload field
@@ -260,6 +261,8 @@ def _payload_problem(component, payload) -> str | None:
     if isinstance(component, gr.Checkbox):
         return None if isinstance(payload, bool) else f"expected true or false, not {_json_type(payload)}"
     if isinstance(component, gr.CheckboxGroup) or (isinstance(component, gr.Dropdown) and component.multiselect):
+        if isinstance(payload, list) and len(payload) > MAX_CHOSEN:
+            return f"{len(payload)} values; at most {MAX_CHOSEN}"
         if payload is None or (isinstance(payload, list) and all(isinstance(v, str) for v in payload)):
             return None
         return f"expected a list of its choices, not {_json_type(payload)}"
