@@ -48,6 +48,7 @@ DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped st
 USER_ERRORS = PACKAGE_ERRORS + (KeyError, Cancelled)
 LOG = logging.getLogger("workbench")
 MAX_PROMPT_CHARS = 2000          # a prompt longer than this is refused with the limit (never cut)
+MAX_FAILURES_KEPT = 1000         # failed runs' status lines waiting for their page's `.failure` listener
 MAX_CHOSEN = 1000                # values a client may send for one multiple-choice field (before they are read)
 MAX_SEED = 2**53 - 1             # the largest whole number a browser (a JSON double) sends exactly
 UPLOAD_LIMIT_BYTES = 2_000_000   # per uploaded data file (launch's max_file_size is the hard cap)
@@ -376,6 +377,8 @@ class Sessions:
             text = f"**Failed**: {message}" if message else \
                 f"**Failed**: an internal error ({type(err).__name__}); the server log has the details"
         self._failures[(session_key(request), action)] = text
+        while len(self._failures) > MAX_FAILURES_KEPT:  # API clients' failures are never shown: keep the newest
+            self._failures.pop(next(iter(self._failures)))
 
     def failure_status(self, request: gr.Request | None, action: str) -> str:
         """The status line of the action's failed run (its `.failure` handler shows it where the result was:
@@ -396,6 +399,8 @@ class Sessions:
             if session == key:
                 event.set()
         shutil.rmtree(self.data_dir / "sessions" / key, ignore_errors=True)
+        for failed in [k for k in self._failures if k[0] == key]:
+            self._failures.pop(failed, None)
 
     def start_action(self, request: gr.Request | None, action: str) -> threading.Event:
         event = threading.Event()
