@@ -386,3 +386,19 @@ def test_saes_on_blocks_the_model_lacks_are_refused_at_start():
         check_saes_fit(bench)
     bench.library.blocks = ["mid_block.attentions.0"]
     check_saes_fit(bench)
+
+
+def test_failures_waiting_for_their_page_are_bounded(tmp_path):
+    """API clients never show a failure's status line: a stranger's stream of failing calls must not grow the
+    server's memory."""
+    from ui.common import MAX_FAILURES_KEPT, Sessions
+
+    sessions = Sessions(tmp_path)
+    for i in range(MAX_FAILURES_KEPT + 5):
+        sessions.record_failure(Request(f"client{i}"), "generate", ValueError("bad prompt"))
+    assert len(sessions._failures) == MAX_FAILURES_KEPT
+    assert sessions.failure_status(Request(f"client{MAX_FAILURES_KEPT + 4}"), "generate") == "**Failed**: bad prompt"
+    assert sessions.failure_status(Request("client0"), "generate") == "**Failed**"  # the oldest went first
+    sessions.record_failure(Request("page"), "paint", ValueError("x"))
+    sessions.end_session(Request("page"))
+    assert ("page", "paint") not in sessions._failures

@@ -48,6 +48,8 @@ DEFAULT_PROMPT = "a small red circle at the top left and a large blue striped st
 USER_ERRORS = PACKAGE_ERRORS + (KeyError, Cancelled)
 LOG = logging.getLogger("workbench")
 MAX_PROMPT_CHARS = 2000          # a prompt longer than this is refused with the limit (never cut)
+MAX_FAILURES_KEPT = 1000         # failed runs' status lines waiting for their page's `.failure` listener
+MAX_CHOSEN = 1000                # values a client may send for one multiple-choice field (before they are read)
 MAX_SEED = 2**53 - 1             # the largest whole number a browser (a JSON double) sends exactly
 UPLOAD_LIMIT_BYTES = 2_000_000   # per uploaded data file (launch's max_file_size is the hard cap)
 UPLOADED = "uploaded file"       # the choice of a data source that reads the upload field
@@ -260,6 +262,8 @@ def _payload_problem(component, payload) -> str | None:
     if isinstance(component, gr.Checkbox):
         return None if isinstance(payload, bool) else f"expected true or false, not {_json_type(payload)}"
     if isinstance(component, gr.CheckboxGroup) or (isinstance(component, gr.Dropdown) and component.multiselect):
+        if isinstance(payload, list) and len(payload) > MAX_CHOSEN:
+            return f"{len(payload)} values; at most {MAX_CHOSEN}"
         if payload is None or (isinstance(payload, list) and all(isinstance(v, str) for v in payload)):
             return None
         return f"expected a list of its choices, not {_json_type(payload)}"
@@ -373,6 +377,8 @@ class Sessions:
             text = f"**Failed**: {message}" if message else \
                 f"**Failed**: an internal error ({type(err).__name__}); the server log has the details"
         self._failures[(session_key(request), action)] = text
+        while len(self._failures) > MAX_FAILURES_KEPT:  # API clients' failures are never shown: keep the newest
+            self._failures.pop(next(iter(self._failures)))
 
     def failure_status(self, request: gr.Request | None, action: str) -> str:
         """The status line of the action's failed run (its `.failure` handler shows it where the result was:
@@ -393,6 +399,8 @@ class Sessions:
             if session == key:
                 event.set()
         shutil.rmtree(self.data_dir / "sessions" / key, ignore_errors=True)
+        for failed in [k for k in self._failures if k[0] == key]:
+            self._failures.pop(failed, None)
 
     def start_action(self, request: gr.Request | None, action: str) -> threading.Event:
         event = threading.Event()
