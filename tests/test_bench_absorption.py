@@ -42,13 +42,14 @@ def data(toy):
     lm, sae, vocab = toy
     rng = random.Random(0)
     template = ab.AbsorptionConfig().prompt_template
-    train = [ab.icl_prompt(w, vocab, template, rng) for w in vocab]
-    test = [ab.icl_prompt(w, vocab, template, rng) for w in vocab]
+    words = [w for letter in ab.LETTERS for w in [v for v in vocab if ab.first_letter(v).strip().lower() == letter][:6]]
+    train = [ab.icl_prompt(w, vocab, template, rng) for w in words]
+    test = [ab.icl_prompt(w, vocab, template, rng) for w in words]
     x_train = ab.residuals_at(lm, HOOK, [p.base for p in train], -6, 64)
     x_test = ab.residuals_at(lm, HOOK, [p.base for p in test], -6, 64)
     y_train = torch.tensor([p.label for p in train])
     y_test = torch.tensor([p.label for p in test])
-    return x_train, y_train, x_test, y_test
+    return words, x_train, y_train, x_test, y_test
 
 
 def close(a, b, rtol=1e-4, atol=1e-6):
@@ -109,7 +110,7 @@ def test_vocab_and_prompts_follow_saebench(toy):
 def test_probe_training_matches_saebench(data):
     from sae_bench.evals.absorption.probing import train_multi_probe
 
-    x_train, y_train, _, _ = data
+    _, x_train, y_train, _, _ = data
     onehot = torch.nn.functional.one_hot(y_train, num_classes=26)
     torch.manual_seed(3)
     theirs = train_multi_probe(x_train, onehot, num_probes=26, batch_size=64, num_epochs=4, lr=1e-2,
@@ -125,8 +126,8 @@ def test_k_sparse_probes_and_split_latents_match_saebench(toy, data):
         KSparseProbe, add_feature_splits_to_metrics_df, build_metrics_df, eval_probe_and_sae_k_sparse_raw_scores,
         sae_k_sparse_metadata, train_k_sparse_probes)
 
-    _, sae, vocab = toy
-    x_train, y_train, x_test, y_test = data
+    _, sae, _ = toy
+    vocab, x_train, y_train, x_test, y_test = data
     ks = [1, 2, 3]
     labels = [(w, int(y)) for w, y in zip(vocab, y_train)]
     torch.manual_seed(11)
@@ -170,7 +171,7 @@ def test_absorption_per_word_matches_saebench_calculator(toy, data):
     from sae_bench.evals.absorption.prompting import first_letter_formatter
 
     lm, sae, vocab = toy
-    x_train, y_train, _, _ = data
+    _, x_train, y_train, _, _ = data
     torch.manual_seed(0)
     probe = ab.train_probe(x_train, torch.nn.functional.one_hot(y_train, 26), batch_size=64, epochs=8, lr=1e-2,
                            weight_decay=1e-4)
@@ -250,19 +251,20 @@ def test_word_level_toy_has_no_spelling_and_the_eval_says_so(toy):
     """The toy chat model's tokenizer is word-level: no residual can know a word's letters, so the probe is at
     chance and SAEBench's rule (>= 20 letters with probe F1 > 0.6) refuses to score, in one line."""
     lm, sae, _ = toy
-    config = ab.AbsorptionConfig(model_name="toy-chat", max_words=300, k_sparse_probe_num_epochs=5, max_k_value=3)
+    config = ab.AbsorptionConfig(model_name="toy-chat", max_words=150, k_sparse_probe_num_epochs=3, max_k_value=3)
     run = ab.AbsorptionRun()
     with pytest.raises(ab.AbsorptionError, match=r"letters have a first-letter probe with test F1 > 0.6"):
         ab.run_absorption(sae, lm, HOOK, config, run=run)
-    assert run.words_train == 240 and run.words_test == 60
+    assert run.words_train == 120 and run.words_test == 30
     assert max(run.probe_f1.values()) < 0.6
 
 
 def test_eval_scores_when_the_probe_bar_is_lowered(toy):
     lm, sae, _ = toy
-    config = ab.AbsorptionConfig(model_name="toy-chat", max_words=300, k_sparse_probe_num_epochs=5, max_k_value=3,
+    config = ab.AbsorptionConfig(model_name="toy-chat", max_words=150, k_sparse_probe_num_epochs=3, max_k_value=3,
                                  min_GT_probe_f1=0.0, min_feats_for_eval=2)
-    metrics, details = ab.run_absorption(sae, lm, HOOK, config)
+    run = ab.AbsorptionRun()
+    metrics, details = ab.run_absorption(sae, lm, HOOK, config, run=run)
     assert set(metrics["mean"]) == {"mean_absorption_fraction_score", "mean_full_absorption_score",
                                     "mean_num_split_features", "std_dev_absorption_fraction_score",
                                     "std_dev_full_absorption_score", "std_dev_num_split_features"}
@@ -271,8 +273,11 @@ def test_eval_scores_when_the_probe_bar_is_lowered(toy):
         assert 0 <= d["mean_absorption_fraction"] <= 1 and 0 <= d["full_absorption_rate"] <= 1
         assert d["num_full_absorption"] <= d["num_probe_true_positives"]
         assert 1 <= d["num_split_features"] <= 3
-    again, _ = ab.run_absorption(sae, lm, HOOK, config)
-    assert again == metrics  # seeded: the same numbers twice
+    # the details are the per-letter sums the run recorded, divided by the probe's true positives
+    for d in details:
+        row = run.per_letter[d["first_letter"]]
+        assert d["num_probe_true_positives"] == row["num_probe_true_positives"]
+        assert d["num_split_features"] == len(run.split_feats[d["first_letter"]])
 
 
 @pytest.mark.parametrize("change, message", [

@@ -433,6 +433,7 @@ class AbsorptionRun:
     probe_f1: dict = field(default_factory=dict)
     split_feats: dict = field(default_factory=dict)
     k_sparse_f1: dict = field(default_factory=dict)
+    per_letter: dict = field(default_factory=dict)
 
 
 def run_absorption(sae, lm, hook: str, config: AbsorptionConfig | None = None, progress=None,
@@ -511,4 +512,5 @@ def run_absorption(sae, lm, hook: str, config: AbsorptionConfig | None = None, p
         per_letter[letter] = {"num_probe_true_positives": len(words), "split_feats": split[letter],
                               "absorption_fraction_sum": sum(s.absorption_fraction for s in scored),
                               "num_full_absorption": sum(s.is_full_absorption for s in scored)}
+    run.per_letter = per_letter
     return aggregate(per_letter, run.probe_f1, config)
