@@ -64,6 +64,15 @@ def prepare(sae_dirs, model_name: str, eval_names: str, options_for, progress: b
     for eval_type in evals:
         for name, sae_dir, sae, _ in loaded:
             check_kinds(eval_type, sae_kind(sae), model_kind, f"the SAE at {sae_dir}", model_name)
+    if model_kind == "lm":  # the hook and the width from the model's config, before its weights load
+        described = model_spec(model_name).describe()
+        for name, sae_dir, sae, options in loaded:
+            if options.hook not in described["sites"]:
+                raise ValueError(f"{model_name} has no hook {options.hook!r} (the SAE at {sae_dir} reads it); its "
+                                 f"residual hooks are {described['sites'][0]} .. {described['sites'][-1]}")
+            if sae.cfg.d_in != described["d_model"]:
+                raise ValueError(f"the SAE at {sae_dir} reads d_in={sae.cfg.d_in} but {model_name} has "
+                                 f"d_model={described['d_model']} at {options.hook}: it was trained on another model")
     model = _load_model(model_name, model_kind, loaded[0][3])
     for name, sae_dir, sae, options in loaded:
         if model_kind == "lm":
