@@ -242,3 +242,54 @@ def test_bad_input_is_one_line(toy, tmp_path):
     wide = SAE.load(ROOT / "saes/pretrained/smollm2/blocks.15.hook_resid_post")
     with pytest.raises(st.ScrTppError, match="d_in=576"):
         st.run_tpp(wide, lm, HOOK, records, st.ScrTppConfig(tpp_classes=["add", "copy"]))
+
+
+# ----------------------------------------------------------------------------- through `saes bench`
+
+
+def _bench(args, capsys):
+    from saes.__main__ import main
+
+    code = main(["bench", *args])
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if "Loading weights" not in line and not line.startswith(("scr:", "tpp:", "absorption:"))]
+    return code, err
+
+
+def test_bench_cli_bad_input_is_one_line_nothing_written(tmp_path, capsys):
+    one_class = tmp_path / "one.jsonl"
+    one_class.write_text('{"text": "a", "label": "x"}\n')
+    base = ["--sae", str(TOY_SAE), "--model", "toy-chat"]
+    image_sae = ROOT / "saes/pretrained/toy/mid_block.attentions.0"
+    cases = [([*base, "--evals", "scr"], "need --dataset"),
+             ([*base, "--evals", "tpp", "--dataset", str(one_class)], "fewer than two classes"),
+             ([*base, "--evals", "tpp", "--dataset", str(tmp_path / "missing.jsonl")], "no dataset file"),
+             ([*base, "--evals", "scr", "--dataset", "chat_world_task", "--option", "n_values=[0]"], "n_values"),
+             ([*base, "--evals", "scr", "--dataset", "chat_world_task", "--option", 'scr_pairs=[["add"]]'],
+              "scr_pairs"),
+             ([*base, "--evals", "absorption", "--option", "max_words=3"], "max_words"),
+             ([*base, "--evals", "absorption", "--option", "max_k_value=999"], "max_k_value"),
+             (["--sae", str(image_sae), "--model", "toy-chat", "--evals", "absorption"], "image-model SAE")]
+    for args, expected in cases:
+        out = tmp_path / "out"
+        code, err = _bench([*args, "--out", str(out)], capsys)
+        assert code == 2, args
+        assert len(err) == 1 and err[0].startswith("error:") and expected in err[0], err
+        assert not out.exists()
+
+
+def test_bench_cli_writes_valid_tpp_json(tmp_path, capsys):
+    import json
+
+    from saes.bench.schema import validate
+
+    out = tmp_path / "out"
+    code, _ = _bench(["--sae", str(TOY_SAE), "--model", "toy-chat", "--evals", "tpp", "--dataset", "chat_world_task",
+                      "--option", "n_values=[5]", "--option", "probe_epochs=3", "--option", "train_set_size=40",
+                      "--option", "test_set_size=16", "--out", str(out)], capsys)
+    assert code == 0
+    result = json.loads((out / "tpp" / "interp-workbench_blocks.1.hook_resid_post_eval_results.json").read_text())
+    validate(result)
+    assert result["eval_type_id"] == "tpp" and result["eval_config"]["dataset_names"] == ["chat_world_task"]
+    assert set(result["eval_result_metrics"]["tpp_metrics"]) == {
+        "tpp_threshold_5_total_metric", "tpp_threshold_5_intended_diff_only", "tpp_threshold_5_unintended_diff_only"}
