@@ -126,7 +126,8 @@ class LensTrainer:
 
     options are passed to the sae-lens training config (e.g. l1_coefficient for "standard",
     l0_coefficient / jumprelu_init_threshold for "jumprelu", aux_loss_coefficient for "batchtopk",
-    matryoshka_widths for "matryoshka").
+    matryoshka_widths for "matryoshka", l1_coefficient for "gated": Rajamanoharan et al. 2024's gated SAE, one of
+    SAEBench's baseline trainers, with its gate-path L1 and auxiliary reconstruction losses).
     """
 
     architecture = ""  # our registry name
@@ -201,7 +202,7 @@ class LensTrainer:
         return SAE.from_sae_lens(cfg, state)
 
 
-for _name in ("batchtopk", "jumprelu", "standard"):
+for _name in ("batchtopk", "jumprelu", "standard", "gated"):
     register_trainer(_name)(type(f"Lens{_name.capitalize()}Trainer", (LensTrainer,), {"lens_architecture": _name}))
 
 

@@ -129,6 +129,7 @@ def test_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeyp
 
 @pytest.mark.parametrize("architecture,options", [("batchtopk", {}), ("jumprelu", {"l0_coefficient": 0.1}),
                                                   ("standard", {"l1_coefficient": 0.5}), ("lens-topk", {}),
+                                                  ("gated", {"l1_coefficient": 0.5}),
                                                   ("matryoshka", {"matryoshka_widths": [16, 64, 128]}),
                                                   ("matryoshka", {})])  # default widths d_sae / 16, / 4, d_sae
 def test_sae_lens_architectures_train_through_their_own_trainer(tmp_path, architecture, options):
