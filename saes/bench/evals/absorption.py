@@ -1,6 +1,6 @@
 """`absorption`: SAEBench's feature absorption eval (absorption_first_letter); the method is saes/bench/absorption.py.
 
-Options (--option key=value): max_words (vocabulary words used; default 1200 on a CPU, `null`: all, as SAEBench),
+Options (--option key=value): max_words (vocabulary words used; default 3000 on a CPU, `null`: all, as SAEBench),
 max_k_value, f1_jump_threshold, k_sparse_probe_num_epochs, min_GT_probe_f1, min_feats_for_eval, llm_batch_size."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..absorption import EVAL_TYPE_ID, AbsorptionConfig, AbsorptionRun, check_inputs, run_absorption
 from ..registry import BenchOptions, EvalResult, EvalType, register_eval
 
-DEFAULT_MAX_WORDS = 1200
+DEFAULT_MAX_WORDS = 3000
 OPTIONS = ("max_words", "max_k_value", "f1_jump_threshold", "k_sparse_probe_num_epochs", "min_GT_probe_f1",
            "min_feats_for_eval", "llm_batch_size")
 
