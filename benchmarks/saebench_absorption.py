@@ -52,13 +52,15 @@ def main(argv=None) -> int:
                "cpu_system": used.ru_stime - cpu.ru_stime}
     out = Path(args.out)
     report = {"sae": args.sae, "model": args.model, "hook": hook, "config": config.as_dict(), "seconds": seconds,
-              "threads": args.threads, "cpu": platform.processor() or platform.machine(), "load_average": os.getloadavg(),
+              "threads": args.threads, "cpu": platform.processor() or platform.machine(),
+              "load_average": os.getloadavg(),
               "words_train": run.words_train, "words_test": run.words_test, "probe_f1": run.probe_f1,
               "split_feats": run.split_feats, "saebench_bar": error or "met"}
     if metrics is not None:
         result = envelope(ab.EVAL_TYPE_ID, config.as_dict(), metrics, details,
                           {"words_train": run.words_train, "words_test": run.words_test, "probe_f1": run.probe_f1,
-                           "split_feats": run.split_feats, "wall_seconds": seconds["wall"]},
+                           "split_feats": run.split_feats, "wall_seconds": seconds["wall"],
+                           "cpu_seconds": seconds["cpu_user"] + seconds["cpu_system"]},
                           sae=sae, sae_name=Path(args.sae).name, hook=hook, model_name=args.model)
         report["written"] = str(write_result(result_path(out, Path(args.sae).name, "absorption"), result))
         report["metrics"] = metrics
