@@ -76,7 +76,8 @@ def _add_train_arguments(parser) -> None:
     parser.add_argument("--block", required=True, help="block name, e.g. unet.mid_block.attentions.0")
     parser.add_argument("--out", required=True, help="output directory: SAE, checkpoint, train_log.jsonl")
     parser.add_argument("--architecture", default="topk",
-                        help="topk (ours, fast), or sae-lens': batchtopk, matryoshka, jumprelu, standard, lens-topk")
+                        help="topk or p-anneal (ours), or sae-lens': batchtopk, matryoshka, jumprelu, standard, gated, "
+                             "lens-topk")
     parser.add_argument("--d-sae", type=int, default=5120)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=4096)

@@ -52,6 +52,7 @@ class Architecture:
     needs_k: bool = False
     sae_lens_names: tuple[str, ...] = ()                      # sae-lens architectures loaded as this one
     convert: Callable[[dict, dict], dict] | None = None       # (raw cfg, weights) -> weights, for those
+    lens_names: tuple[tuple[str, str], ...] = ()               # (our tensor name, sae-lens' name) where they differ
 
 
 ARCHITECTURE_REGISTRY: dict[str, Architecture] = {}
@@ -80,6 +81,18 @@ register_architecture(Architecture("jumprelu", lambda sae, pre: pre.relu() * (pr
                                    extra_parameters=("threshold",), sae_lens_names=("batchtopk",),
                                    convert=_batchtopk_threshold))
 register_architecture(Architecture("standard", lambda sae, pre: pre.relu()))
+
+
+def _gated(sae: "SAE", pre: torch.Tensor) -> torch.Tensor:
+    """sae-lens' GatedSAE.encode from the gate's pre-activation (x - b_dec) @ W_enc + b_gate (stored as b_enc):
+    the gate is pre > 0; the magnitude path shares W_enc, its columns scaled by exp(r_mag), with its own bias b_mag,
+    so its pre-activation is (pre - b_gate) * exp(r_mag) + b_mag."""
+    magnitude = ((pre - sae.b_enc) * sae.r_mag.exp() + sae.b_mag).relu()
+    return (pre > 0).to(pre.dtype) * magnitude
+
+
+register_architecture(Architecture("gated", _gated, extra_parameters=("b_mag", "r_mag"),
+                                   lens_names=(("b_enc", "b_gate"),)))
 ARCHITECTURES = tuple(ARCHITECTURE_REGISTRY)  # as registered at import
 
 
@@ -206,7 +219,8 @@ class SAE(nn.Module):
         Each file is written to a temporary name and renamed, so a crash leaves the old file."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        tensors = {name: p.detach().contiguous() for name, p in self.named_parameters()}
+        to_lens = dict(self.architecture.lens_names)
+        tensors = {to_lens.get(name, name): p.detach().contiguous() for name, p in self.named_parameters()}
         atomic_write(path / WEIGHTS_FILENAME, lambda tmp: save_file(tensors, tmp))
         if self.feature_mean is not None:
             stats = {"mean": self.feature_mean.contiguous()}
@@ -253,6 +267,10 @@ class SAE(nn.Module):
         if raw_cfg.get("reshape_activations", "none") not in ("none", None):
             raise SAEFormatError(f"reshape_activations={raw_cfg['reshape_activations']!r} is not supported")
         weights = {name: t.float() for name, t in weights.items()}
+        kind = _architecture_of_sae_lens(architecture)
+        for ours, lens in kind.lens_names:  # e.g. a gated SAE's b_gate is the b_enc of its gate path
+            if lens in weights and ours not in weights:
+                weights[ours] = weights.pop(lens)
         missing = {"W_enc", "b_enc", "W_dec", "b_dec"} - set(weights)
         if missing:
             raise SAEFormatError(f"weights lack {sorted(missing)}")
@@ -262,7 +280,6 @@ class SAE(nn.Module):
             weights["b_enc"] = weights["b_enc"] * norms
             weights["W_dec"] = weights["W_dec"] / norms[:, None]
             # A BatchTopK threshold already applies to the rescaled pre-activations: unchanged.
-        kind = _architecture_of_sae_lens(architecture)
         if architecture != kind.name and kind.convert is not None:  # e.g. BatchTopK runs as JumpReLU
             weights = kind.convert(raw_cfg, weights)
         architecture = kind.name

@@ -126,7 +126,8 @@ class LensTrainer:
 
     options are passed to the sae-lens training config (e.g. l1_coefficient for "standard",
     l0_coefficient / jumprelu_init_threshold for "jumprelu", aux_loss_coefficient for "batchtopk",
-    matryoshka_widths for "matryoshka").
+    matryoshka_widths for "matryoshka", l1_coefficient for "gated": Rajamanoharan et al. 2024's gated SAE, one of
+    SAEBench's baseline trainers, with its gate-path L1 and auxiliary reconstruction losses).
     """
 
     architecture = ""  # our registry name
@@ -201,7 +202,7 @@ class LensTrainer:
         return SAE.from_sae_lens(cfg, state)
 
 
-for _name in ("batchtopk", "jumprelu", "standard"):
+for _name in ("batchtopk", "jumprelu", "standard", "gated"):
     register_trainer(_name)(type(f"Lens{_name.capitalize()}Trainer", (LensTrainer,), {"lens_architecture": _name}))
 
 
@@ -225,3 +226,159 @@ class LensTopKTrainer(LensTrainer):
     """sae-lens' own TopK (dense decode): the baseline of benchmarks/sae_train.py."""
 
     lens_architecture = "topk"
+
+
+@dataclasses.dataclass
+class PAnnealConfig:
+    """P-annealing (Karvonen et al.'s dictionary_learning PAnnealTrainer, one of SAEBench's baseline trainers):
+    a ReLU SAE whose sparsity penalty sparsity_coeff * mean ||f||_p starts as L1 (p_start) and anneals linearly
+    to p_end over n_sparsity_updates steps spaced from anneal_start (a fraction of training) to the end; at each
+    update the coefficient is rescaled by the recent ratio of the L_p to the next L_p penalty, so the penalty's
+    size carries over. sparsity_function "Lp" (the p-norm) or "Lp^p"."""
+
+    initial_sparsity_penalty: float = 0.1
+    p_start: float = 1.0
+    p_end: float = 0.2
+    anneal_start: float = 0.2
+    n_sparsity_updates: int = 10
+    sparsity_queue_length: int = 10
+    sparsity_function: str = "Lp"
+    warmup_steps: int = 100
+
+    def validate(self) -> "PAnnealConfig":
+        if self.sparsity_function not in ("Lp", "Lp^p"):
+            raise ValueError(f"sparsity_function must be 'Lp' or 'Lp^p', got {self.sparsity_function!r}")
+        if not 0 < self.p_end <= self.p_start <= 1:
+            raise ValueError(f"p must anneal within (0, 1]: p_start={self.p_start}, p_end={self.p_end}")
+        if not 0 <= self.anneal_start < 1 or not 1 <= self.n_sparsity_updates <= 10_000:
+            raise ValueError("anneal_start must be a fraction of training in [0, 1) and n_sparsity_updates 1..10000")
+        if not 0 <= self.initial_sparsity_penalty < 1e6 or not 1 <= self.sparsity_queue_length <= 10_000:
+            raise ValueError("initial_sparsity_penalty must be in [0, 1e6) and sparsity_queue_length 1..10000")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        return self
+
+
+class _ReLUSAE(torch.nn.Module):
+    """dictionary_learning's AutoEncoder: f = relu(W_enc (x - b_dec) + b_enc), x_hat = W_dec f + b_dec, the
+    decoder's rows unit norm, the encoder initialised as the decoder's transpose."""
+
+    def __init__(self, d_in: int, d_sae: int):
+        super().__init__()
+        w_dec = torch.randn(d_sae, d_in)
+        w_dec /= w_dec.norm(dim=1, keepdim=True)
+        self.W_dec = torch.nn.Parameter(w_dec)
+        self.W_enc = torch.nn.Parameter(w_dec.T.clone())
+        self.b_enc = torch.nn.Parameter(torch.zeros(d_sae))
+        self.b_dec = torch.nn.Parameter(torch.zeros(d_in))
+
+    def forward(self, x):
+        f = ((x - self.b_dec) @ self.W_enc + self.b_enc).relu()
+        return f @ self.W_dec + self.b_dec, f
+
+
+@register_trainer("p-anneal")
+class PAnnealTrainer:
+    """P-annealing on our batches (see PAnnealConfig): Adam with the decoder's rows held at unit norm (the
+    gradient's parallel part removed, then renormalised), linear lr warmup; the loss is dictionary_learning's,
+    mean ||x - x_hat||_2 + sparsity_coeff * L_p(f). Exported as a "standard" (ReLU) inference SAE."""
+
+    def __init__(self, config):
+        check_option_names(config.options, {f.name for f in dataclasses.fields(PAnnealConfig)}, "p-anneal")
+        try:
+            self.cfg = PAnnealConfig(**config.options).validate()
+        except TypeError as err:
+            raise ValueError(f"bad options for p-anneal {config.options}: {err}") from None
+        torch.manual_seed(config.seed)
+        self.sae = _ReLUSAE(config.d_in, config.d_sae)
+        self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=config.lr)
+        warmup = max(1, self.cfg.warmup_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(s / warmup, 1.0))
+        steps = max(1, config.total_tokens // config.batch_size)
+        start = int(self.cfg.anneal_start * steps)
+        self.update_steps = torch.linspace(start, steps, self.cfg.n_sparsity_updates).long().tolist()
+        self.p_values = torch.linspace(self.cfg.p_start, self.cfg.p_end, self.cfg.n_sparsity_updates).tolist()
+        self.dead_after_steps = max(1, config.dead_after_tokens // config.batch_size)
+        self.state = {"step": 0, "p": self.cfg.p_start, "next_p": None, "p_step_count": 0,
+                      "sparsity_coeff": self.cfg.initial_sparsity_penalty, "queue": []}
+        self.steps_since_fired = torch.zeros(config.d_sae, dtype=torch.long)
+
+    def prepare(self, first_batch: torch.Tensor) -> None:
+        pass  # dictionary_learning starts b_dec at zero
+
+    def lp_norm(self, f: torch.Tensor, p: float) -> torch.Tensor:
+        norm = f.pow(p).sum(dim=-1)
+        return norm.mean() if self.cfg.sparsity_function == "Lp^p" else norm.pow(1 / p).mean()
+
+    def step(self, batch: torch.Tensor) -> dict[str, float]:
+        s = self.state
+        x_hat, f = self.sae(batch)
+        l2 = torch.linalg.norm(batch - x_hat, dim=-1).mean()
+        lp = self.lp_norm(f, s["p"])
+        # as dictionary_learning: an update changes p and the coefficient from the next step on
+        used_p, used_coeff = s["p"], s["sparsity_coeff"]
+        scaled_lp = used_coeff * lp
+        if s["next_p"] is not None:
+            pair = [float(lp.detach()), float(self.lp_norm(f.detach(), s["next_p"]))]
+            s["queue"] = (s["queue"] + [pair])[-self.cfg.sparsity_queue_length:]
+        if s["p_step_count"] < len(self.update_steps) and s["step"] >= self.update_steps[s["p_step_count"]]:
+            if s["next_p"] is not None and s["queue"]:  # carry the penalty's size over to the next p
+                now = sum(q[0] for q in s["queue"]) / len(s["queue"])
+                nxt = sum(q[1] for q in s["queue"]) / len(s["queue"])
+                if nxt > 0:
+                    s["sparsity_coeff"] *= now / nxt
+            s["p"] = self.p_values[s["p_step_count"]]
+            count = s["p_step_count"]
+            s["next_p"] = self.p_values[count + 1] if count < len(self.p_values) - 1 else self.cfg.p_end
+            s["p_step_count"] += 1
+        loss = l2 + scaled_lp
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        w = self.sae.W_dec
+        with torch.no_grad():
+            unit = w / w.norm(dim=1, keepdim=True)
+            w.grad -= (w.grad * unit).sum(dim=1, keepdim=True) * unit
+        self.optimizer.step()
+        self.scheduler.step()
+        with torch.no_grad():
+            w /= w.norm(dim=1, keepdim=True)
+            fired = (f > 0).any(0)
+            self.steps_since_fired[fired] = 0
+            self.steps_since_fired[~fired] += 1
+            residual = batch - x_hat
+            ev = 1.0 - float(residual.pow(2).sum() / (batch - batch.mean(0)).pow(2).sum())
+        s["step"] += 1
+        return {"loss": float(loss.detach()), "l2_loss": float(l2.detach()), "lp_loss": float(lp.detach()),
+                "p": float(used_p), "sparsity_coeff": float(used_coeff), "explained_variance": ev,
+                "l0": float((f > 0).sum(-1).float().mean())}
+
+    def n_dead(self) -> int:
+        return int((self.steps_since_fired >= self.dead_after_steps).sum())
+
+    def state_dict(self) -> dict:
+        s = self.state
+        return {"sae": self.sae.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "steps_since_fired": self.steps_since_fired,
+                "step": s["step"], "p": s["p"], "next_p": -1.0 if s["next_p"] is None else s["next_p"],
+                "p_step_count": s["p_step_count"], "sparsity_coeff": s["sparsity_coeff"],
+                "queue": torch.tensor(s["queue"], dtype=torch.float64).reshape(-1, 2)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sae.load_state_dict(state["sae"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps_since_fired = state["steps_since_fired"]
+        self.state = {"step": int(state["step"]), "p": float(state["p"]),
+                      "next_p": None if float(state["next_p"]) < 0 else float(state["next_p"]),
+                      "p_step_count": int(state["p_step_count"]), "sparsity_coeff": float(state["sparsity_coeff"]),
+                      "queue": state["queue"].tolist()}
+
+    def to_inference(self, **metadata) -> SAE:
+        from .sae import SAEConfig
+
+        sae = SAE(SAEConfig("standard", d_in=self.sae.W_enc.shape[0], d_sae=self.sae.W_enc.shape[1],
+                            metadata=metadata))
+        with torch.no_grad():
+            for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
+                getattr(sae, name).copy_(getattr(self.sae, name))
+        return sae

@@ -63,7 +63,7 @@ def _lens_sae(architecture: str, d_in=16, d_sae=40):
     return sae
 
 
-@pytest.mark.parametrize("architecture", ["topk", "batchtopk", "jumprelu", "standard"])
+@pytest.mark.parametrize("architecture", ["topk", "batchtopk", "jumprelu", "standard", "gated"])
 def test_sae_saved_by_sae_lens_loads_into_our_editing_path(tmp_path, architecture):
     import sae_lens
 
@@ -166,5 +166,6 @@ def test_an_inference_architecture_is_one_registry_entry(tmp_path, monkeypatch):
     torch.testing.assert_close(sae.encode(x), torch.tensor([[0.5, 0.0, 1.5, 0.0]]))
     loaded = SAE.load(sae.save(tmp_path / "sae"))
     torch.testing.assert_close(loaded.encode(x), sae.encode(x))
-    with pytest.raises(SAEFormatError, match="supported: topk, jumprelu, standard, relu-shift, batchtopk"):
-        SAE.from_sae_lens({"architecture": "gated", "d_in": 3, "d_sae": 4}, dict(sae.named_parameters()))
+    with pytest.raises(SAEFormatError, match="supported: topk, jumprelu, standard, gated, relu-shift, batchtopk"):
+        SAE.from_sae_lens({"architecture": "jumprelu_skip_transcoder", "d_in": 3, "d_sae": 4},
+                          dict(sae.named_parameters()))

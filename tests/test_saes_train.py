@@ -129,6 +129,8 @@ def test_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeyp
 
 @pytest.mark.parametrize("architecture,options", [("batchtopk", {}), ("jumprelu", {"l0_coefficient": 0.1}),
                                                   ("standard", {"l1_coefficient": 0.5}), ("lens-topk", {}),
+                                                  ("gated", {"l1_coefficient": 0.5}),
+                                                  ("p-anneal", {"warmup_steps": 2, "n_sparsity_updates": 4}),
                                                   ("matryoshka", {"matryoshka_widths": [16, 64, 128]}),
                                                   ("matryoshka", {})])  # default widths d_sae / 16, / 4, d_sae
 def test_sae_lens_architectures_train_through_their_own_trainer(tmp_path, architecture, options):
@@ -139,7 +141,8 @@ def test_sae_lens_architectures_train_through_their_own_trainer(tmp_path, archit
     loaded = SAE.load(tmp_path)
     x = next(sparse_dictionary_stream(1, seed=5))
     torch.testing.assert_close(loaded(x), sae(x))
-    assert loaded.cfg.architecture == {"batchtopk": "jumprelu", "matryoshka": "jumprelu", "lens-topk": "topk"}.get(architecture, architecture)
+    assert loaded.cfg.architecture == {"batchtopk": "jumprelu", "matryoshka": "jumprelu", "lens-topk": "topk",
+                                       "p-anneal": "standard"}.get(architecture, architecture)
 
 
 def _ddp_worker(out_dir: str) -> None:
