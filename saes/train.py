@@ -9,7 +9,11 @@
 Resuming replays the stream up to where the run stopped (the skipped batches are read but
 not trained on), so a resumed run sees the same data as an uninterrupted one; log lines of
 steps after the checkpoint are dropped, as the resumed run writes them again. Under
-`torchrun` (DDP) every rank passes its own shard of the stream; rank 0 writes the files.
+`torchrun` (DDP) every rank passes its own shard of the stream (equal batch sizes); every
+architecture trains on the GLOBAL batch (the ranks' batches, rank 0's first): averaged gradients,
+and the batch-level rules (loss normalisation, BatchTopK's threshold, dead-latent counts, the
+geometric median of the first batch) taken over all ranks, so the weights equal one process's on
+the concatenated batches (tests/test_saes_distributed.py); rank 0 writes the files.
 
 A run that diverges (a non-finite metric or weight, or an explained variance below
 MIN_EXPLAINED_VARIANCE) stops with `TrainingDivergedError` before writing anything more: the
@@ -120,6 +124,33 @@ def check_batch(batch: torch.Tensor, d_in: int, step: int) -> torch.Tensor:
     return batch
 
 
+def check_equal_batches(batch: torch.Tensor, step: int) -> None:
+    """Under DDP every rank must train on as many rows as the others at each step: the averaged gradients
+    equal the global batch's only then. One all-reduce of two numbers; the same error on every rank."""
+    sizes = torch.tensor([batch.shape[0], -batch.shape[0]], dtype=torch.int64)
+    dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
+    if int(sizes[0]) != -int(sizes[1]):
+        raise ValueError(f"batch {step}: the ranks' batches hold between {-int(sizes[1])} and {int(sizes[0])} rows; "
+                         "under torchrun every rank must pass batches of the same size")
+
+
+def gather_rows(batch: torch.Tensor) -> torch.Tensor:
+    """All ranks' rows, rank 0's first (equal counts per rank): the global batch."""
+    parts = [torch.empty_like(batch) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, batch.contiguous())
+    return torch.cat(parts)
+
+
+def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics of the global batch (each rank's, averaged), identical on every rank, so that every rank
+    takes the same decision on divergence."""
+    names = sorted(metrics)
+    values = torch.tensor([metrics[name] for name in names], dtype=torch.float64)
+    dist.all_reduce(values)
+    values /= dist.get_world_size()
+    return dict(zip(names, values.tolist()))
+
+
 def _format_bytes(n: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024:
@@ -205,8 +236,6 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     out = Path(out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-    if world > 1 and config.architecture != "topk":
-        raise ValueError(f"data-parallel training supports the topk architecture only, not {config.architecture!r}")
     check_memory(config)
     trainer = make_trainer(config)
     checkpoint_path = out / CHECKPOINT_FILENAME
@@ -266,10 +295,14 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
                     raise ValueError("the activation stream is empty")
                 break  # the stream ran out: finish with what was seen
             batch = check_batch(batch, config.d_in, step)
+            if world > 1:
+                check_equal_batches(batch, step)
             if step == 0:
-                trainer.prepare(batch)
+                trainer.prepare(gather_rows(batch) if world > 1 else batch)
             in_step = True  # the weights may be half-updated until step is counted
             metrics = trainer.step(batch)
+            if world > 1:
+                metrics = mean_over_ranks(metrics)
             problem = divergence(metrics)
             if problem is not None:
                 raise diverged(step + 1, problem)
