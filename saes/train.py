@@ -44,7 +44,7 @@ LOG_FILENAME = "train_log.jsonl"
 SUMMARY_FILENAME = "train_summary.json"
 CHECKPOINT_FORMAT = 1
 # Fields that may change between a run and its resumption (how long, how often to report).
-RESUMABLE_CHANGES = ("total_tokens", "log_every_steps", "checkpoint_every_steps")
+RESUMABLE_CHANGES = ("total_tokens", "log_every_steps", "checkpoint_every_steps", "shard_latents")
 # A fresh SAE explains about none of the variance (0); below -1000 its error is a thousand times
 # the activations' variance, which only a diverged run reaches (--lr 1e6 gives -1e13 at step 2).
 MIN_EXPLAINED_VARIANCE = -1e3
@@ -76,6 +76,7 @@ class TrainConfig:
     seed: int = 0
     metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, store path
     autocast: bool = False  # topk: the dense encoder product in bf16 (it only picks the latents; docs/dtype.md)
+    shard_latents: bool = False  # topk under torchrun: each rank holds d_sae / world latents (saes/sharded.py)
 
     def validate(self) -> "TrainConfig":
         if self.architecture not in TRAINERS:
@@ -86,6 +87,8 @@ class TrainConfig:
                      "checkpoint_every_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.shard_latents and (self.architecture != "topk" or self.autocast):
+            raise ValueError("--shard-latents is an option of the topk trainer, without --autocast")
         if self.autocast and self.architecture != "topk":
             raise ValueError(f"autocast is an option of the topk trainer (its dense encoder product), not of "
                              f"{self.architecture}")
@@ -122,6 +125,20 @@ def check_batch(batch: torch.Tensor, d_in: int, step: int) -> torch.Tensor:
         bad = int((~torch.isfinite(batch)).sum())
         raise ValueError(f"batch {step}: activations contain {bad} NaN or Inf values")
     return batch
+
+
+def check_same_config(config: TrainConfig) -> None:
+    """Under torchrun every rank must train the same SAE on the same store: one line naming what differs."""
+    mine = config.to_dict()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    for rank, theirs in enumerate(everyone):
+        differing = sorted(key for key in mine if theirs.get(key) != mine.get(key))
+        if differing:
+            details = "; ".join(f"{key}: rank 0 {everyone[0].get(key)!r}" + "".join(
+                f", rank {r} {other.get(key)!r}" for r, other in enumerate(everyone) if r) for key in differing)
+            raise ValueError(f"the ranks were started with different settings or stores ({details}); start every "
+                             "rank with the same command")
 
 
 def check_equal_batches(batch: torch.Tensor, step: int) -> None:
@@ -219,6 +236,7 @@ def load_checkpoint(path: Path, config: TrainConfig) -> dict:
         raise CheckpointMismatchError(f"{path} is not a checkpoint of this trainer (format {state.get('format')})")
     saved, current = dict(state["config"]), config.to_dict()
     saved.setdefault("autocast", False)  # checkpoints from before the option trained in float32
+    saved.setdefault("shard_latents", False)
     differing = sorted(key for key in set(saved) | set(current)
                        if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key))
     if differing:
@@ -236,6 +254,12 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     out = Path(out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
+    if world > 1:
+        check_same_config(config)
+        if config.shard_latents:
+            from .sharded import check_shardable
+
+            check_shardable(config.d_sae, world)
     check_memory(config)
     trainer = make_trainer(config)
     checkpoint_path = out / CHECKPOINT_FILENAME
@@ -262,11 +286,16 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     def save_checkpoint() -> None:
         nonlocal checkpoint_step
         bad = non_finite_weights(trainer)
+        if world > 1:  # every rank takes the same decision (a sharded rank sees only its own latents)
+            flags = [None] * world
+            dist.all_gather_object(flags, bad)
+            bad = sorted({name for names in flags for name in names})
         if bad:
             raise diverged(step, f"NaN or Inf in {', '.join(bad)}")
+        trainer_state = trainer.state_dict()  # sharded: a collective that gathers the whole SAE
         if rank == 0:
             atomic_torch_save({"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "step": step,
-                               "tokens_seen": tokens_seen, "metrics": metrics, "trainer": trainer.state_dict()},
+                               "tokens_seen": tokens_seen, "metrics": metrics, "trainer": trainer_state},
                               checkpoint_path)
         checkpoint_step = step
         if world > 1:
@@ -335,10 +364,11 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     save_checkpoint()
     sae = trainer.to_inference(**config.metadata, architecture_trained=config.architecture,
                                trained_tokens=tokens_seen)
+    dead = trainer.n_dead()  # sharded: a collective
     if rank == 0:
         sae.save(out)
         summary = {"config": config.to_dict(), "steps": step, "tokens": tokens_seen,
-                   "final_metrics": {**metrics, "dead_features": trainer.n_dead()}}
+                   "final_metrics": {**metrics, "dead_features": dead}}
         write_json(out / SUMMARY_FILENAME, summary, indent=2)
     if world > 1:
         dist.barrier()

@@ -128,7 +128,13 @@ class TopKTrainer:
                                   **config.options).validate()
         except TypeError as err:  # an option of the wrong type, e.g. aux_k="many"
             raise ValueError(f"bad options for topk {config.options}: {err}") from None
-        self.sae = TrainingTopKSAE(self.cfg, dense_dtype=torch.bfloat16 if config.autocast else None)
+        self.sharded = bool(getattr(config, "shard_latents", False)) and _distributed()
+        if self.sharded:  # this rank's d_sae / world latents (saes.sharded)
+            from .sharded import ShardedTopKSAE
+
+            self.sae = ShardedTopKSAE(self.cfg)
+        else:
+            self.sae = TrainingTopKSAE(self.cfg, dense_dtype=torch.bfloat16 if config.autocast else None)
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=self.cfg.lr,
                                           betas=(self.cfg.adam_beta1, self.cfg.adam_beta2), eps=self.cfg.adam_eps,
                                           fused=True)  # one pass over the 2 x d_sae x d_in weights
@@ -140,7 +146,7 @@ class TopKTrainer:
 
     def _forward_module(self):
         if self._model is None:
-            if _distributed():
+            if _distributed() and not self.sharded:
                 # DDP broadcasts rank 0's parameters here, so every rank starts identical.
                 # tokens_since_fired is kept equal on all ranks by record_firing_, no per-forward sync needed.
                 self._model = torch.nn.parallel.DistributedDataParallel(self.sae, forward_sync_buffers=False)
@@ -156,24 +162,43 @@ class TopKTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         set_decoder_unit_norm_(self.sae.decoder_weight.data)
         active = out["latent_values"] > 0
-        fired = torch.zeros(self.cfg.d_sae, dtype=torch.int32)
+        fired = torch.zeros(self.sae.encoder_weight.shape[0], dtype=torch.int32)
         fired[out["latent_index"][active]] = 1
         n_tokens = torch.tensor(batch.shape[0])
-        if _distributed():
+        l0 = active.sum(1).float().mean().reshape(1)
+        if self.sharded:  # the batch was the global one; each rank saw the winners it holds
+            n_tokens = torch.tensor(out["rows"])
+            dist.all_reduce(l0)
+        elif _distributed():
             dist.all_reduce(fired, op=dist.ReduceOp.MAX)
             dist.all_reduce(n_tokens)
         self.sae.record_firing_(fired.bool(), int(n_tokens))
         mse = float(out["mse_loss"].detach())
         return {"loss": float(out["loss"].detach()), "mse_loss": mse, "aux_loss": float(out["aux_loss"].detach()),
-                "explained_variance": 1.0 - mse, "l0": float(active.sum(1).float().mean())}
+                "explained_variance": 1.0 - mse, "l0": float(l0[0])}
 
     def n_dead(self) -> int:
-        return int(self.sae.dead_latents().sum())
+        dead = self.sae.dead_latents().sum().reshape(1)
+        if self.sharded:
+            dist.all_reduce(dead)
+        return int(dead[0])
 
     def state_dict(self) -> dict:
+        """The whole SAE's state; sharded, gathered from every rank (a collective: call it on all ranks)."""
+        if self.sharded:
+            from .sharded import gather_optimizer_state
+
+            return {"sae": self.sae.full_state_dict(), "optimizer": gather_optimizer_state(self.optimizer, self.sae)}
         return {"sae": self.sae.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """A whole SAE's state, from a run on any number of ranks, sharded or not."""
+        if self.sharded:
+            from .sharded import slice_optimizer_state
+
+            self.sae.load_full_state_dict(state["sae"])
+            self.optimizer.load_state_dict(slice_optimizer_state(state["optimizer"], self.sae))
+            return
         self.sae.load_state_dict(state["sae"])
         self.optimizer.load_state_dict(state["optimizer"])
 
