@@ -1,0 +1,31 @@
+"""torch.distributed set-up shared by the CLIs run under torchrun (docs/distributed.md).
+
+The backend follows the device the collectives' tensors live on: NCCL for CUDA tensors, gloo for CPU tensors
+(gloo also runs across nodes over TCP). torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR / MASTER_PORT or
+its c10d rendezvous) says who is who.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+
+def backend_for(device: str | None) -> str:
+    """'nccl' for a CUDA device (when NCCL is built in), else 'gloo'."""
+    import torch.distributed as dist
+
+    if device is not None and str(device).startswith("cuda") and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def init_process_group(device: str | None = None, minutes: int = 30) -> None:
+    """Join the torchrun job: the backend for `device`; with CUDA, this process's GPU is LOCAL_RANK's."""
+    import torch
+    import torch.distributed as dist
+
+    backend = backend_for(device)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=minutes))
