@@ -29,3 +29,21 @@ def init_process_group(device: str | None = None, minutes: int = 30) -> None:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=minutes))
+
+
+# What gloo / NCCL say when another rank of the job has died (its process exited, its node went away).
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+             "Socket Timeout", "Timed out waiting")
+
+
+def lost_peer(err: BaseException) -> str | None:
+    """One line for a collective that failed because another rank stopped, else None."""
+    import torch.distributed as dist
+
+    if not isinstance(err, (RuntimeError, getattr(dist, "DistError", RuntimeError))):
+        return None
+    text = str(err)
+    if not any(marker in text for marker in PEER_LOST):
+        return None
+    return ("another process of this torchrun job stopped (its rank's own error is in its log); every file here is "
+            "whole (the last checkpoint, the written shards): rerun the same command to resume")

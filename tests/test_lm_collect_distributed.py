@@ -45,3 +45,13 @@ def test_two_rank_lm_collection_equals_one_process(tmp_path):
             assert x.metadata() == y.metadata() and sorted(x.keys()) == sorted(y.keys())
             for key in x.keys():
                 assert torch.equal(x.get_tensor(key), y.get_tensor(key)), (path, key)
+
+
+def test_a_collective_broken_by_a_dead_rank_is_one_line():
+    from interp.cli import user_error_message
+
+    # gloo's own words on the surviving rank when rank 1 of tests/test_saes_sharded.py exits mid-run
+    err = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+                       "peer [127.0.0.1]:34537. This is typically caused by a remote worker crashing.")
+    assert user_error_message(err).startswith("another process of this torchrun job stopped")
+    assert user_error_message(RuntimeError("shape mismatch")) is None  # a bug keeps its traceback
