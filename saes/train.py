@@ -251,15 +251,15 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     """Train until config.total_tokens (counted over all ranks); returns the inference SAE."""
     config.validate()
     rank, world = _rank_and_world()
-    out = Path(out_dir)
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
     if world > 1:
         check_same_config(config)
         if config.shard_latents:
             from .sharded import check_shardable
 
             check_shardable(config.d_sae, world)
+    out = Path(out_dir)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
     check_memory(config)
     trainer = make_trainer(config)
     checkpoint_path = out / CHECKPOINT_FILENAME
