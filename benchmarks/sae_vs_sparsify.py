@@ -78,6 +78,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--heldout", type=int, default=8192, help="the store's last vectors, kept for the EV")
     parser.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate, ours and sae-lens'")
+    parser.add_argument("--autocast", action="store_true", help="ours: the dense encoder product in bf16 (saes train "
+                                                                   "--autocast)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="runs/benchmarks/sae_vs_sparsify.json")
     args = parser.parse_args()
@@ -99,10 +101,10 @@ def main() -> None:
                for perm in order for i in range(n_batches)]
     d_in = vectors.shape[1]
     config = TrainConfig(d_in=d_in, d_sae=args.d_sae, k=args.k, batch_size=args.batch_size, lr=args.lr,
-                         total_tokens=len(batches) * args.batch_size)
+                         total_tokens=len(batches) * args.batch_size, autocast=args.autocast)
     ours = make_trainer(config)
     ours.prepare(batches[0])
-    lens = make_trainer(TrainConfig(**{**config.to_dict(), "architecture": "lens-topk"}))
+    lens = make_trainer(TrainConfig(**{**config.to_dict(), "architecture": "lens-topk", "autocast": False}))
     sparsify = Sparsify(d_in, args.d_sae, args.k, seed=0)
     runners = {"ours": ours.step, "sparsify": sparsify.step, "sae_lens": lens.step}
     seconds = {name: [] for name in runners}
@@ -124,6 +126,7 @@ def main() -> None:
     result = {"cpu": cpu, "threads": args.threads, "store": args.store, "block": args.block, "d_in": d_in,
               "d_sae": args.d_sae, "k": args.k, "batch_size": args.batch_size, "steps": len(batches),
               "train_vectors": len(train_vectors), "heldout_vectors": len(heldout), "adam_lr": args.lr,
+              "ours_autocast": args.autocast,
               "sparsify_lr": sparsify.lr, "samples_per_s": samples_per_s, "heldout_explained_variance": ev,
               "ours_over_sparsify": samples_per_s["ours"] / samples_per_s["sparsify"],
               "ours_over_sae_lens": samples_per_s["ours"] / samples_per_s["sae_lens"],
