@@ -92,7 +92,8 @@ def main() -> None:
     store = ActivationStore(args.store)
     vectors = torch.cat(list(store.batches(args.block, batch_size=65536, shuffle=False))).float()
     if len(vectors) < args.heldout + args.batch_size:
-        raise SystemExit(f"{args.store} holds {len(vectors)} vectors: too few for --heldout {args.heldout} and one batch")
+        raise SystemExit(f"{args.store} holds {len(vectors)} vectors: too few for --heldout {args.heldout} "
+                         "and one batch")
     train_vectors, heldout = vectors[:-args.heldout], vectors[-args.heldout:]
     n_batches = len(train_vectors) // args.batch_size
     order = [torch.randperm(len(train_vectors), generator=torch.Generator().manual_seed(epoch))

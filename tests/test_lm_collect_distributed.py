@@ -25,7 +25,8 @@ def test_two_rank_lm_collection_equals_one_process(tmp_path):
     examples = World().mixture("train", 120, {"general": 0.6, "benign": 0.2, "harmful": 0.2}, seed=1)
     corpus.write_text("".join(json.dumps(e) + "\n" for e in examples))
     args = ["collect", "--model", "toy-chat", "--hooks", HOOK, "blocks.0.hook_resid_pre", "--text", str(corpus),
-            "--max-tokens", "1500", "--tokens-per-shard", "500", "--batch-size", "7", "--context", "24", "--threads", "1"]
+            "--max-tokens", "1500", "--tokens-per-shard", "500", "--batch-size", "7", "--context", "24",
+            "--threads", "1"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                            "29571", "-m", "interp", *args, "--out", str(tmp_path / "two")],
