@@ -94,10 +94,13 @@ class TrainConfig:
                              f"{self.architecture}")
         return self
 
-    def memory_bytes(self) -> int:
+    def memory_bytes(self, world: int = 1) -> int:
         """A lower bound of the memory training needs: encoder and decoder with their gradients and
-        Adam's two moments (float32), and one batch of dense pre-activations with its gradient."""
-        return 4 * (8 * self.d_sae * self.d_in + 2 * self.batch_size * self.d_sae)
+        Adam's two moments (float32), and one batch of dense pre-activations with its gradient. With
+        shard_latents over `world` ranks, each rank holds 1 / world of the weights and the pre-activations
+        of the global batch (world x batch_size rows) for its latents: the same batch_size x d_sae numbers."""
+        shards = world if self.shard_latents else 1
+        return 4 * (8 * self.d_sae * self.d_in // shards + 2 * self.batch_size * self.d_sae)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -176,13 +179,13 @@ def _format_bytes(n: float) -> str:
     return f"{n:.1f} PiB"
 
 
-def check_memory(config: TrainConfig) -> None:
+def check_memory(config: TrainConfig, world: int = 1) -> None:
     """Refuse, before anything is allocated, a size that this machine's memory cannot hold."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return  # no sysconf here: the allocation itself will tell
-    need = config.memory_bytes()
+    need = config.memory_bytes(world)
     if need > total:
         raise ValueError(f"d_sae={config.d_sae} latents of d_in={config.d_in} channels with batch_size="
                          f"{config.batch_size} need at least {_format_bytes(need)} of memory to train; this "
@@ -260,7 +263,7 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     out = Path(out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-    check_memory(config)
+    check_memory(config, world)
     trainer = make_trainer(config)
     checkpoint_path = out / CHECKPOINT_FILENAME
     step, tokens_seen, state = 0, 0, {}
