@@ -15,7 +15,7 @@ SAE's (pre_bias, d_in numbers, is on every rank). A step:
 
 Checkpoints hold one whole SAE (`full_state_dict`, the same layout as the unsharded trainer's), written by
 rank 0 from gathered shards, and a checkpoint resumes on any world size, sharded or not (`load_full_state_dict`
-keeps the rank's slice). The same math as `TrainingTopKSAE.forward` on X (tests/test_saes_sharded.py).
+keeps the rank's slice). The same math as `TrainingTopKSAE.forward` on X (tests/test_saes_distributed.py).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ def test_two_rank_lm_collection_equals_one_process(tmp_path):
 def test_a_collective_broken_by_a_dead_rank_is_one_line():
     from interp.cli import user_error_message
 
-    # gloo's own words on the surviving rank when rank 1 of tests/test_saes_sharded.py exits mid-run
+    # gloo's own words on the surviving rank when rank 1 of tests/test_saes_distributed.py exits mid-run
     err = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
                        "peer [127.0.0.1]:34537. This is typically caused by a remote worker crashing.")
     assert user_error_message(err).startswith("another process of this torchrun job stopped")
