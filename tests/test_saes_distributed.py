@@ -3,10 +3,10 @@ sharded by latent (saes/sharded.py) equals the unsharded one, holds half the lat
 whole SAE, refuses bad input in one line, and resumes after a rank dies to the same result. One torchrun job runs
 all of it (and ends by losing rank 1); a second resumes the interrupted run.
 
-Data parallel: the worker (this file run by torchrun) trains each architecture on its rank's half of each global batch; the test
-trains the same architecture in one process on the whole global batches and compares the training state (weights,
-BatchTopK's threshold, the dead-latent counters) within 1e-5. Latents die after 1 step, so the auxiliary losses
-(AuxK) and dead-latent rules run too.
+Data parallel: the worker (this file run by torchrun) trains each architecture on its rank's half of each global
+batch; the test trains the same architecture in one process on the whole global batches and compares the training
+state (weights, BatchTopK's threshold, the dead-latent counters) within 1e-5. Latents die after 1 step, so the
+auxiliary losses (AuxK) and dead-latent rules run too.
 """
 
 from __future__ import annotations
