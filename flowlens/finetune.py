@@ -171,14 +171,17 @@ def window_hooks(layers: list[int]) -> list[str]:
 
 
 def training_step(model, optimizer, micro_batches: list[dict], vcl_config: VCLConfig | None,
-                  window: list[int] | None) -> dict[str, float]:
+                  window: list[int] | None, n_micro: int | None = None) -> dict[str, float]:
     """One optimizer step over the micro-batches (gradients accumulated); returns the mean terms.
 
     ``window``: the VCL window's layers (None or empty: no VCL term), whose resid_post the scoped residual
-    capture of `interp.hooks.lm` keeps in the graph during each micro-batch's forward pass."""
+    capture of `interp.hooks.lm` keeps in the graph during each micro-batch's forward pass.
+    Under torch.distributed each rank passes its share of the step's ``n_micro`` micro-batches; the gradients
+    and the terms are summed over ranks before the optimiser step, so the step is one process's over all of
+    them (every term, VCL's included, is a per-micro-batch term: nothing else to make global)."""
     optimizer.zero_grad(set_to_none=True)
     totals = {"loss": 0.0, "sft_loss": 0.0, "vcl_loss": 0.0, "vcl_ratio": 0.0}
-    share = 1.0 / len(micro_batches)
+    share = 1.0 / (n_micro or len(micro_batches))
     hooks = window_hooks(window) if window else []
     for batch in micro_batches:
         capture = residual_capture(model, hooks, keep_graph=True) if hooks else contextlib.nullcontext()
@@ -196,8 +199,49 @@ def training_step(model, optimizer, micro_batches: list[dict], vcl_config: VCLCo
             totals["vcl_ratio"] += vcl["ratio"].item() * share
         (loss * share).backward()
         totals["loss"] += loss.item() * share
+    if _world() > 1:
+        import torch.distributed as dist
+
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    dist.all_reduce(param.grad)
+        summed = torch.tensor([totals[name] for name in totals], dtype=torch.float64)
+        dist.all_reduce(summed)
+        totals = dict(zip(totals, summed.tolist()))
     optimizer.step()
     return totals
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if _world() > 1 else 0
+
+
+def _cancelled_anywhere(cancel) -> bool:
+    """Whether a stop was asked for, on any rank (every rank stops at the same step)."""
+    asked = _is_cancelled(cancel)
+    if _world() > 1:
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(asked)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        asked = bool(flag[0])
+    return asked
+
+
+def _barrier() -> None:
+    if _world() > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
 
 
 def _load(config: FinetuneConfig, model=None, tokenizer=None):
@@ -359,8 +403,14 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
     if pad_id is None:
         raise ValueError("the tokenizer has neither a pad nor an EOS token")
 
+    world, rank = _world(), _rank()
+    if config.grad_accum % world:
+        raise ValueError(f"under torchrun the {config.grad_accum} micro-batches of a step (--grad-accum) are split "
+                         f"over {world} processes: choose a --grad-accum that is a multiple of {world}")
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    _barrier()
     checkpoint_path, log_path = out / "checkpoint.pt", out / "log.jsonl"
     parameters = _trainable(model)
     optimizer = torch.optim.AdamW(parameters.values(), lr=config.lr, weight_decay=config.weight_decay)
@@ -374,53 +424,61 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"])
         step = state["step"]
-        _trim_log(log_path, step)
-    else:
+        if rank == 0:
+            _trim_log(log_path, step)
+    elif rank == 0:
         atomic_write_text(out / "config.json", json.dumps(config.to_json(), indent=2) + "\n")
         log_path.unlink(missing_ok=True)
+    _barrier()  # every rank has read the checkpoint before rank 0 may replace it
 
     evaluate = (lambda: evaluate_refusals(model, tokenizer, eval_records, max_new_tokens=config.eval_max_new_tokens,
                                           chat_template=config.chat_template).to_json()) if eval_records else None
-    if evaluate and step == 0 and not (out / "eval_before.json").exists():
+    if evaluate and rank == 0 and step == 0 and not (out / "eval_before.json").exists():
         atomic_write_text(out / "eval_before.json", json.dumps(evaluate(), indent=2) + "\n")
 
     window = layers if config.vcl is not None else None
     model.train()
     status = "finished"
-    bar = tqdm(total=config.steps, initial=step, desc="fine-tuning", disable=not config.progress)
+    bar = tqdm(total=config.steps, initial=step, desc="fine-tuning", disable=not config.progress or rank != 0)
     try:
         # float32 frozen weights again on leaving, before evaluation and saving
         with frozen_weights_in(model, config.base_dtype, config.device):
             while step < config.steps:
                 started = time.perf_counter()
                 micro_batches = []
-                for micro in range(config.grad_accum):
+                for micro in range(rank, config.grad_accum, world):  # this rank's share of the step
                     index = micro_batch_indices(len(examples), config.batch_size, config.seed,
                                                 step * config.grad_accum + micro)
                     micro_batches.append({k: v.to(config.device)
                                           for k, v in collate([examples[i] for i in index], pad_id).items()})
-                totals = training_step(model, optimizer, micro_batches, config.vcl, window)
+                totals = training_step(model, optimizer, micro_batches, config.vcl, window, config.grad_accum)
                 step += 1
                 entry = {"step": step, **{k: round(v, 6) for k, v in totals.items()},
                          "seconds": round(time.perf_counter() - started, 4)}
                 if window is None:
                     del entry["vcl_loss"], entry["vcl_ratio"]
-                _append_log(log_path, entry)
+                if rank == 0:
+                    _append_log(log_path, entry)
                 bar.update(1)
                 bar.set_postfix(sft=f"{totals['sft_loss']:.3f}",
                                 **({"vcl": f"{totals['vcl_loss']:.3f}"} if window is not None else {}))
                 if not math.isfinite(totals["loss"]):
                     raise FloatingPointError(f"the loss became {totals['loss']} at step {step}; lower the lr or lambda")
-                if step % config.save_every == 0 or step == config.steps:
+                if (step % config.save_every == 0 or step == config.steps) and rank == 0:
                     _save_checkpoint(checkpoint_path, model, optimizer, step, config)
-                if step < config.steps and _is_cancelled(cancel):
-                    _save_checkpoint(checkpoint_path, model, optimizer, step, config)
+                if step < config.steps and _cancelled_anywhere(cancel):
+                    if rank == 0:
+                        _save_checkpoint(checkpoint_path, model, optimizer, step, config)
                     status = "cancelled"
                     break
     finally:
         bar.close()
         model.eval()
 
+    _barrier()
+    if rank != 0:  # rank 0 writes the model, the evaluation and result.json
+        _barrier()
+        return {"config": config.to_json(), "status": status, "step": step}
     result = {"config": config.to_json(), "status": status, "step": step,
               "eval_before": json.loads((out / "eval_before.json").read_text())["metrics"]
               if (out / "eval_before.json").exists() else None, "eval_after": None}
@@ -432,6 +490,7 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
             atomic_write_text(out / "eval_after.json", json.dumps(after, indent=2) + "\n")
             result["eval_after"] = after["metrics"]
     atomic_write_text(out / "result.json", json.dumps(result, indent=2) + "\n")
+    _barrier()
     return result
 
 
@@ -462,10 +521,25 @@ def vcl_command(args) -> int:
         print("\nstopping after this step (Ctrl-C again to abort)", flush=True)
 
     signal.signal(signal.SIGINT, request_stop)
+    import os
+
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:  # torchrun: each rank runs its share of each step's micro-batches (docs/distributed.md)
+        import torch.distributed as dist
+
+        from interp.distributed import init_process_group
+
+        if str(config.device).startswith("cuda"):
+            config.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        init_process_group(config.device)
     try:
         result = finetune(config, cancel=stop)
     finally:
         signal.signal(signal.SIGINT, previous)
+        if distributed:
+            dist.destroy_process_group()
+    if "eval_before" not in result:  # not rank 0: it prints and writes the results
+        return 0 if result["status"] == "finished" else 130
     print(f"{result['status']} at step {result['step']}/{config.steps}; results in {config.out}")
     for name in ("eval_before", "eval_after"):
         if result[name]:

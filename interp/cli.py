@@ -120,7 +120,9 @@ def user_error_message(err: BaseException) -> str | None:
     map: `run_command` prints it, `ui.common.user_errors` shows it in the browser."""
     if isinstance(err, USER_ERRORS):
         return str(err)
-    return unreadable_weights(err)
+    from .distributed import lost_peer
+
+    return unreadable_weights(err) or lost_peer(err)
 
 
 def run_command(args, interrupted: str = "interrupted") -> int:

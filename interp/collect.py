@@ -300,9 +300,14 @@ def _lm_shard(lm, plan: LMCollectionPlan, sequences: list[list[int]], selected: 
 
 
 def collect_lm(lm, plan: LMCollectionPlan, sequences: list[list[int]], selected: list[list[int]],
-               out: str | os.PathLike, progress: bool = True) -> Path:
+               out: str | os.PathLike, progress: bool = True, rank: int = 0, world_size: int = 1,
+               barrier=None) -> Path:
     """Record the residuals of `selected` positions of `sequences` (see select_positions / limit_tokens)
-    at the plan's hooks into the store `out`; resumes an interrupted run; returns the manifest path."""
+    at the plan's hooks into the store `out`; resumes an interrupted run; returns the manifest path.
+
+    With world_size > 1 (torchrun), call on every rank with the same plan: rank r writes shards r, r + world, ...
+    (a shard is computed the same whoever computes it, so the store equals one process's); rank 0 writes the plan
+    and the manifest, and a rank whose plan differs from rank 0's is refused in one line (check_plan)."""
     from tqdm import tqdm
 
     from .hooks.lm import parse_hook_name
@@ -317,18 +322,26 @@ def collect_lm(lm, plan: LMCollectionPlan, sequences: list[list[int]], selected:
     if max(map(len, sequences)) > lm.n_ctx:
         raise StoreError(f"a sequence has {max(map(len, sequences))} tokens; the model's context is {lm.n_ctx}")
     plan.shapes = {hook: [lm.d_model] for hook in plan.blocks}
-    prepare_directory(out, plan)
+    barrier = barrier or (lambda: None)
+    if rank == 0:
+        prepare_directory(out, plan)
+    barrier()
+    if rank != 0:
+        check_plan(out, plan)
     offsets = [0]
     for chosen in selected:
         offsets.append(offsets[-1] + len(chosen))
     shard_dir = out / SHARD_DIR
-    todo = [k for k in range(plan.n_shards) if not shard_is_whole(shard_dir / shard_name(k), plan)]
-    for shard in tqdm(todo, desc="collect", unit="shard", disable=not progress, initial=plan.n_shards - len(todo),
-                      total=plan.n_shards):
+    mine = [k for k in range(plan.n_shards) if k % world_size == rank]
+    todo = [k for k in mine if not shard_is_whole(shard_dir / shard_name(k), plan)]
+    for shard in tqdm(todo, desc=f"collect (rank {rank})" if world_size > 1 else "collect", unit="shard",
+                      disable=not progress or rank != 0, initial=len(mine) - len(todo), total=len(mine)):
         tensors = _lm_shard(lm, plan, sequences, selected, offsets, shard)
         write_resumable_shard(plan, shard_dir, shard, tensors)
-    manifest = plan.to_dict()
-    write_manifest(out, plan, manifest)
+    barrier()
+    if rank == 0:
+        write_manifest(out, plan, plan.to_dict())
+    barrier()
     return out / MANIFEST_FILE
 
 
@@ -496,7 +509,22 @@ def lm_collect_command(args) -> int:
                             n_sequences=used, n_documents=len(documents), tokens_per_shard=args.tokens_per_shard,
                             batch_size=args.batch_size, start_token=start_token(lm.tokenizer)[0], backend=args.backend,
                             model_dtype=args.dtype)
-    manifest = collect_lm(lm, plan, sequences, selected, args.out)
+    world_size, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    if world_size > 1:  # torchrun: every rank builds the same plan, and writes its share of the shards
+        import torch.distributed as dist
+
+        from .distributed import init_process_group
+
+        init_process_group()  # gloo: the ranks only wait for each other (barriers), whatever the model's device
+        try:
+            manifest = collect_lm(lm, plan, sequences, selected, args.out, rank=rank, world_size=world_size,
+                                  barrier=dist.barrier)
+        finally:
+            dist.destroy_process_group()
+        if rank != 0:
+            return 0
+    else:
+        manifest = collect_lm(lm, plan, sequences, selected, args.out)
     store = ActivationStore(manifest.parent)
     print(f"wrote {manifest} ({store.n_tokens:,} tokens from {plan.n_sequences:,} sequences, {len(store.shards)} "
           f"shards; {', '.join(store.blocks)}: d_model {lm.d_model})")

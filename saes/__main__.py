@@ -95,6 +95,9 @@ def _add_train_arguments(parser) -> None:
     parser.add_argument("--threads", type=at_least(1),
                         default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
     parser.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
+    parser.add_argument("--shard-latents", action="store_true",
+                        help="topk under torchrun: each process holds d_sae / world latents (exact global top k); "
+                             "checkpoints hold the whole SAE (docs/distributed.md)")
 
 
 def _train(args) -> int:
@@ -105,7 +108,9 @@ def _train(args) -> int:
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
+        from interp.distributed import init_process_group
+
+        init_process_group()
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.set_num_threads(args.threads)
     store, block = _open_store(args.store, args.block)
@@ -114,7 +119,7 @@ def _train(args) -> int:
                          dead_after_tokens=args.dead_after_tokens, options=_parse_options(args.option),
                          log_every_steps=args.log_every, checkpoint_every_steps=args.checkpoint_every,
                          seed=args.seed, metadata=_store_metadata(store, block, args.store),
-                         autocast=args.autocast).validate()
+                         autocast=args.autocast, shard_latents=args.shard_latents).validate()
 
     def stream():
         """Epochs of shuffled batches, for as long as training asks; rank r takes every world-th batch.

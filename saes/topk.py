@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .sparse_ops import gather_dots, select_pre_activations, sort_rows, sparse_decode
@@ -96,9 +97,39 @@ def remove_parallel_gradient_(decoder_weight: torch.Tensor) -> None:
     decoder_weight.grad.addcmul_(parallel, decoder_weight, value=-1.0)
 
 
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+@torch.no_grad()
+def plain_variance(target: torch.Tensor) -> torch.Tensor:
+    """The variance of this tensor's rows around their mean, averaged over channels (no communication)."""
+    return (target - target.mean(0)).square().mean()  # = var(dim=0).mean(); a strided var is 3x slower here
+
+
+@torch.no_grad()
+def batch_variance(target: torch.Tensor) -> torch.Tensor:
+    """The target's variance around its batch mean, over the GLOBAL batch under torch.distributed (every
+    rank's rows, equal counts per rank): two all-reduces of d_in + 1 numbers. A constant of the loss."""
+    if _world() == 1:
+        return plain_variance(target)
+    total = torch.cat([target.sum(0), target.new_tensor([target.shape[0]])])
+    dist.all_reduce(total)
+    mean, n = total[:-1] / total[-1], total[-1]
+    spread = (target - mean).square().sum().reshape(1)
+    dist.all_reduce(spread)
+    return spread[0] / (n * target.shape[1])
+
+
 def normalized_mse(reconstruction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean squared error divided by the target's variance around its batch mean (FVU)."""
-    variance = (target - target.mean(0)).square().mean()  # = var(dim=0).mean(); a strided var is 3x slower here
+    """Mean squared error divided by the target's variance around its batch mean (FVU). Under DDP the
+    variance is the global batch's, so that the ranks' averaged gradients equal one process's on the
+    global batch (the squared error itself is a mean over rows, which averaging already makes global)."""
+    return normalized_mse_with_variance(reconstruction, target, batch_variance(target))
+
+
+def normalized_mse_with_variance(reconstruction: torch.Tensor, target: torch.Tensor,
+                                 variance: torch.Tensor) -> torch.Tensor:
     return (reconstruction - target).pow(2).mean() / variance.clamp_min(1e-12)
 
 

@@ -9,7 +9,11 @@
 Resuming replays the stream up to where the run stopped (the skipped batches are read but
 not trained on), so a resumed run sees the same data as an uninterrupted one; log lines of
 steps after the checkpoint are dropped, as the resumed run writes them again. Under
-`torchrun` (DDP) every rank passes its own shard of the stream; rank 0 writes the files.
+`torchrun` (DDP) every rank passes its own shard of the stream (equal batch sizes); every
+architecture trains on the GLOBAL batch (the ranks' batches, rank 0's first): averaged gradients,
+and the batch-level rules (loss normalisation, BatchTopK's threshold, dead-latent counts, the
+geometric median of the first batch) taken over all ranks, so the weights equal one process's on
+the concatenated batches (tests/test_saes_distributed.py); rank 0 writes the files.
 
 A run that diverges (a non-finite metric or weight, or an explained variance below
 MIN_EXPLAINED_VARIANCE) stops with `TrainingDivergedError` before writing anything more: the
@@ -40,7 +44,7 @@ LOG_FILENAME = "train_log.jsonl"
 SUMMARY_FILENAME = "train_summary.json"
 CHECKPOINT_FORMAT = 1
 # Fields that may change between a run and its resumption (how long, how often to report).
-RESUMABLE_CHANGES = ("total_tokens", "log_every_steps", "checkpoint_every_steps")
+RESUMABLE_CHANGES = ("total_tokens", "log_every_steps", "checkpoint_every_steps", "shard_latents")
 # A fresh SAE explains about none of the variance (0); below -1000 its error is a thousand times
 # the activations' variance, which only a diverged run reaches (--lr 1e6 gives -1e13 at step 2).
 MIN_EXPLAINED_VARIANCE = -1e3
@@ -72,6 +76,7 @@ class TrainConfig:
     seed: int = 0
     metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, store path
     autocast: bool = False  # topk: the dense encoder product in bf16 (it only picks the latents; docs/dtype.md)
+    shard_latents: bool = False  # topk under torchrun: each rank holds d_sae / world latents (saes/sharded.py)
 
     def validate(self) -> "TrainConfig":
         if self.architecture not in TRAINERS:
@@ -82,15 +87,20 @@ class TrainConfig:
                      "checkpoint_every_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.shard_latents and (self.architecture != "topk" or self.autocast):
+            raise ValueError("--shard-latents is an option of the topk trainer, without --autocast")
         if self.autocast and self.architecture != "topk":
             raise ValueError(f"autocast is an option of the topk trainer (its dense encoder product), not of "
                              f"{self.architecture}")
         return self
 
-    def memory_bytes(self) -> int:
+    def memory_bytes(self, world: int = 1) -> int:
         """A lower bound of the memory training needs: encoder and decoder with their gradients and
-        Adam's two moments (float32), and one batch of dense pre-activations with its gradient."""
-        return 4 * (8 * self.d_sae * self.d_in + 2 * self.batch_size * self.d_sae)
+        Adam's two moments (float32), and one batch of dense pre-activations with its gradient. With
+        shard_latents over `world` ranks, each rank holds 1 / world of the weights and the pre-activations
+        of the global batch (world x batch_size rows) for its latents: the same batch_size x d_sae numbers."""
+        shards = world if self.shard_latents else 1
+        return 4 * (8 * self.d_sae * self.d_in // shards + 2 * self.batch_size * self.d_sae)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -120,6 +130,47 @@ def check_batch(batch: torch.Tensor, d_in: int, step: int) -> torch.Tensor:
     return batch
 
 
+def check_same_config(config: TrainConfig) -> None:
+    """Under torchrun every rank must train the same SAE on the same store: one line naming what differs."""
+    mine = config.to_dict()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    for rank, theirs in enumerate(everyone):
+        differing = sorted(key for key in mine if theirs.get(key) != mine.get(key))
+        if differing:
+            details = "; ".join(f"{key}: rank 0 {everyone[0].get(key)!r}" + "".join(
+                f", rank {r} {other.get(key)!r}" for r, other in enumerate(everyone) if r) for key in differing)
+            raise ValueError(f"the ranks were started with different settings or stores ({details}); start every "
+                             "rank with the same command")
+
+
+def check_equal_batches(batch: torch.Tensor, step: int) -> None:
+    """Under DDP every rank must train on as many rows as the others at each step: the averaged gradients
+    equal the global batch's only then. One all-reduce of two numbers; the same error on every rank."""
+    sizes = torch.tensor([batch.shape[0], -batch.shape[0]], dtype=torch.int64)
+    dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
+    if int(sizes[0]) != -int(sizes[1]):
+        raise ValueError(f"batch {step}: the ranks' batches hold between {-int(sizes[1])} and {int(sizes[0])} rows; "
+                         "under torchrun every rank must pass batches of the same size")
+
+
+def gather_rows(batch: torch.Tensor) -> torch.Tensor:
+    """All ranks' rows, rank 0's first (equal counts per rank): the global batch."""
+    parts = [torch.empty_like(batch) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, batch.contiguous())
+    return torch.cat(parts)
+
+
+def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics of the global batch (each rank's, averaged), identical on every rank, so that every rank
+    takes the same decision on divergence."""
+    names = sorted(metrics)
+    values = torch.tensor([metrics[name] for name in names], dtype=torch.float64)
+    dist.all_reduce(values)
+    values /= dist.get_world_size()
+    return dict(zip(names, values.tolist()))
+
+
 def _format_bytes(n: float) -> str:
     for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024:
@@ -128,13 +179,13 @@ def _format_bytes(n: float) -> str:
     return f"{n:.1f} PiB"
 
 
-def check_memory(config: TrainConfig) -> None:
+def check_memory(config: TrainConfig, world: int = 1) -> None:
     """Refuse, before anything is allocated, a size that this machine's memory cannot hold."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return  # no sysconf here: the allocation itself will tell
-    need = config.memory_bytes()
+    need = config.memory_bytes(world)
     if need > total:
         raise ValueError(f"d_sae={config.d_sae} latents of d_in={config.d_in} channels with batch_size="
                          f"{config.batch_size} need at least {_format_bytes(need)} of memory to train; this "
@@ -188,6 +239,7 @@ def load_checkpoint(path: Path, config: TrainConfig) -> dict:
         raise CheckpointMismatchError(f"{path} is not a checkpoint of this trainer (format {state.get('format')})")
     saved, current = dict(state["config"]), config.to_dict()
     saved.setdefault("autocast", False)  # checkpoints from before the option trained in float32
+    saved.setdefault("shard_latents", False)
     differing = sorted(key for key in set(saved) | set(current)
                        if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key))
     if differing:
@@ -202,12 +254,16 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     """Train until config.total_tokens (counted over all ranks); returns the inference SAE."""
     config.validate()
     rank, world = _rank_and_world()
+    if world > 1:
+        check_same_config(config)
+        if config.shard_latents:
+            from .sharded import check_shardable
+
+            check_shardable(config.d_sae, world)
     out = Path(out_dir)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-    if world > 1 and config.architecture != "topk":
-        raise ValueError(f"data-parallel training supports the topk architecture only, not {config.architecture!r}")
-    check_memory(config)
+    check_memory(config, world)
     trainer = make_trainer(config)
     checkpoint_path = out / CHECKPOINT_FILENAME
     step, tokens_seen, state = 0, 0, {}
@@ -233,11 +289,16 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     def save_checkpoint() -> None:
         nonlocal checkpoint_step
         bad = non_finite_weights(trainer)
+        if world > 1:  # every rank takes the same decision (a sharded rank sees only its own latents)
+            flags = [None] * world
+            dist.all_gather_object(flags, bad)
+            bad = sorted({name for names in flags for name in names})
         if bad:
             raise diverged(step, f"NaN or Inf in {', '.join(bad)}")
+        trainer_state = trainer.state_dict()  # sharded: a collective that gathers the whole SAE
         if rank == 0:
             atomic_torch_save({"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "step": step,
-                               "tokens_seen": tokens_seen, "metrics": metrics, "trainer": trainer.state_dict()},
+                               "tokens_seen": tokens_seen, "metrics": metrics, "trainer": trainer_state},
                               checkpoint_path)
         checkpoint_step = step
         if world > 1:
@@ -266,10 +327,14 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
                     raise ValueError("the activation stream is empty")
                 break  # the stream ran out: finish with what was seen
             batch = check_batch(batch, config.d_in, step)
+            if world > 1:
+                check_equal_batches(batch, step)
             if step == 0:
-                trainer.prepare(batch)
+                trainer.prepare(gather_rows(batch) if world > 1 else batch)
             in_step = True  # the weights may be half-updated until step is counted
             metrics = trainer.step(batch)
+            if world > 1:
+                metrics = mean_over_ranks(metrics)
             problem = divergence(metrics)
             if problem is not None:
                 raise diverged(step + 1, problem)
@@ -302,10 +367,11 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     save_checkpoint()
     sae = trainer.to_inference(**config.metadata, architecture_trained=config.architecture,
                                trained_tokens=tokens_seen)
+    dead = trainer.n_dead()  # sharded: a collective
     if rank == 0:
         sae.save(out)
         summary = {"config": config.to_dict(), "steps": step, "tokens": tokens_seen,
-                   "final_metrics": {**metrics, "dead_features": trainer.n_dead()}}
+                   "final_metrics": {**metrics, "dead_features": dead}}
         write_json(out / SUMMARY_FILENAME, summary, indent=2)
     if world > 1:
         dist.barrier()

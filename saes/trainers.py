@@ -56,6 +56,66 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def world_size() -> int:
+    return dist.get_world_size() if _distributed() else 1
+
+
+def average_gradients_across_ranks(module: torch.nn.Module) -> None:
+    """The DDP rule every trainer without its own wrapper gets: each parameter's gradient is all-reduced to
+    the ranks' mean as soon as backward has accumulated it, so whatever the trainer does next (gradient
+    clipping, the optimiser step) sees the gradient of the global batch, identical on every rank. Exact
+    for losses that are means over rows, given equal per-rank batches (train() checks them)."""
+    world = dist.get_world_size()
+
+    def hook(param: torch.Tensor) -> None:
+        dist.all_reduce(param.grad)
+        param.grad.div_(world)
+
+    for param in module.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(hook)
+
+
+class GlobalBatchTopK(torch.nn.Module):
+    """sae-lens' BatchTopK activation over the GLOBAL batch: keeps the k x (all ranks' rows) largest
+    activations of all ranks together. Each rank proposes its own top min(K, numel) values (the global top K
+    holds at most K of any rank's), an all-gather of those gives the K-th largest global value, and each
+    rank keeps its activations at or above it: the same latents as one process's topk on the global batch
+    (continuous values do not tie; a threshold of 0 keeps zeros, which are zeros either way)."""
+
+    def __init__(self, k: float):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        acts = x.relu()
+        flat = acts.detach().flatten()
+        n_global = acts.shape[:-1].numel() * dist.get_world_size()
+        keep = int(self.k * n_global)
+        if keep <= 0:
+            return torch.zeros_like(acts)
+        mine = flat.topk(min(keep, flat.numel())).values
+        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, mine)
+        threshold = torch.cat(gathered).topk(keep).values[-1]
+        return acts * (acts >= threshold)
+
+
+def _global_min_positive_threshold(sae):
+    """sae-lens' BatchTopK threshold update (an EMA of the smallest positive activation) over all ranks."""
+
+    @torch.no_grad()
+    def update_topk_threshold(acts_topk: torch.Tensor) -> None:
+        positive = acts_topk[acts_topk > 0]
+        smallest = (positive.min() if positive.numel() else acts_topk.new_tensor(float("inf"))).double().reshape(1)
+        dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+        if torch.isfinite(smallest[0]):
+            lr = sae.cfg.topk_threshold_lr
+            sae.topk_threshold = (1 - lr) * sae.topk_threshold + lr * smallest[0].to(sae.topk_threshold.dtype)
+
+    return update_topk_threshold
+
+
 @register_trainer("topk")
 class TopKTrainer:
     """Our sparse-kernel TopK trainer (Adam, unit-norm decoder, AuxK); data-parallel under DDP."""
@@ -68,19 +128,25 @@ class TopKTrainer:
                                   **config.options).validate()
         except TypeError as err:  # an option of the wrong type, e.g. aux_k="many"
             raise ValueError(f"bad options for topk {config.options}: {err}") from None
-        self.sae = TrainingTopKSAE(self.cfg, dense_dtype=torch.bfloat16 if config.autocast else None)
+        self.sharded = bool(getattr(config, "shard_latents", False)) and _distributed()
+        if self.sharded:  # this rank's d_sae / world latents (saes.sharded)
+            from .sharded import ShardedTopKSAE
+
+            self.sae = ShardedTopKSAE(self.cfg)
+        else:
+            self.sae = TrainingTopKSAE(self.cfg, dense_dtype=torch.bfloat16 if config.autocast else None)
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=self.cfg.lr,
                                           betas=(self.cfg.adam_beta1, self.cfg.adam_beta2), eps=self.cfg.adam_eps,
                                           fused=True)  # one pass over the 2 x d_sae x d_in weights
         self._model = None  # the DDP wrapper (or the SAE itself), made at the first step
 
     def prepare(self, first_batch: torch.Tensor) -> None:
-        """Fresh run only: b_pre at the geometric median of the first batch (rank 0's, under DDP)."""
+        """Fresh run only: b_pre at the geometric median of the first batch (the global batch, under DDP)."""
         self.sae.initialise_pre_bias_(first_batch)
 
     def _forward_module(self):
         if self._model is None:
-            if _distributed():
+            if _distributed() and not self.sharded:
                 # DDP broadcasts rank 0's parameters here, so every rank starts identical.
                 # tokens_since_fired is kept equal on all ranks by record_firing_, no per-forward sync needed.
                 self._model = torch.nn.parallel.DistributedDataParallel(self.sae, forward_sync_buffers=False)
@@ -96,24 +162,43 @@ class TopKTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         set_decoder_unit_norm_(self.sae.decoder_weight.data)
         active = out["latent_values"] > 0
-        fired = torch.zeros(self.cfg.d_sae, dtype=torch.int32)
+        fired = torch.zeros(self.sae.encoder_weight.shape[0], dtype=torch.int32)
         fired[out["latent_index"][active]] = 1
         n_tokens = torch.tensor(batch.shape[0])
-        if _distributed():
+        l0 = active.sum(1).float().mean().reshape(1)
+        if self.sharded:  # the batch was the global one; each rank saw the winners it holds
+            n_tokens = torch.tensor(out["rows"])
+            dist.all_reduce(l0)
+        elif _distributed():
             dist.all_reduce(fired, op=dist.ReduceOp.MAX)
             dist.all_reduce(n_tokens)
         self.sae.record_firing_(fired.bool(), int(n_tokens))
         mse = float(out["mse_loss"].detach())
         return {"loss": float(out["loss"].detach()), "mse_loss": mse, "aux_loss": float(out["aux_loss"].detach()),
-                "explained_variance": 1.0 - mse, "l0": float(active.sum(1).float().mean())}
+                "explained_variance": 1.0 - mse, "l0": float(l0[0])}
 
     def n_dead(self) -> int:
-        return int(self.sae.dead_latents().sum())
+        dead = self.sae.dead_latents().sum().reshape(1)
+        if self.sharded:
+            dist.all_reduce(dead)
+        return int(dead[0])
 
     def state_dict(self) -> dict:
+        """The whole SAE's state; sharded, gathered from every rank (a collective: call it on all ranks)."""
+        if self.sharded:
+            from .sharded import gather_optimizer_state
+
+            return {"sae": self.sae.full_state_dict(), "optimizer": gather_optimizer_state(self.optimizer, self.sae)}
         return {"sae": self.sae.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """A whole SAE's state, from a run on any number of ranks, sharded or not."""
+        if self.sharded:
+            from .sharded import slice_optimizer_state
+
+            self.sae.load_full_state_dict(state["sae"])
+            self.optimizer.load_state_dict(slice_optimizer_state(state["optimizer"], self.sae))
+            return
         self.sae.load_state_dict(state["sae"])
         self.optimizer.load_state_dict(state["optimizer"])
 
@@ -149,22 +234,47 @@ class LensTrainer:
             lens_cfg = cfg_cls(**fields)
         except TypeError as err:
             raise ValueError(f"bad options for sae-lens {self.lens_architecture}: {err}") from err
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.seed)  # the same seed on every rank: the ranks start identical
         self.sae = sae_cls(lens_cfg)
-        steps = max(1, config.total_tokens // config.batch_size)
+        global_batch = config.batch_size * world_size()  # under DDP, batch_size is each rank's share
+        steps = max(1, config.total_tokens // global_batch)
         trainer_cfg = SAETrainerConfig(
-            total_training_samples=steps * config.batch_size, train_batch_size_samples=config.batch_size,
-            lr=config.lr, lr_end=config.lr, dead_feature_window=max(1, config.dead_after_tokens // config.batch_size),
+            total_training_samples=steps * global_batch, train_batch_size_samples=global_batch,
+            lr=config.lr, lr_end=config.lr, dead_feature_window=max(1, config.dead_after_tokens // global_batch),
             feature_sampling_window=10**12)  # sampling-window logging goes to wandb only; never reset
         self.trainer = SAETrainer(cfg=trainer_cfg, sae=self.sae, data_provider=iter(()))
         self.d_sae = config.d_sae
+        if _distributed():
+            self.distribute()
+
+    def distribute(self) -> None:
+        """The DDP rules: averaged gradients (before sae-lens clips them), and the batch-level rules over the
+        global batch: BatchTopK's selection and threshold (batchtopk, matryoshka); the dead-latent counters
+        are merged after each step (in `step`). A new sae-lens architecture inherits all three."""
+        from sae_lens.saes.batchtopk_sae import BatchTopK
+
+        average_gradients_across_ranks(self.sae)
+        if isinstance(getattr(self.sae, "activation_fn", None), BatchTopK):
+            self.sae.activation_fn = GlobalBatchTopK(self.sae.activation_fn.k)
+        if hasattr(self.sae, "update_topk_threshold"):
+            self.sae.update_topk_threshold = _global_min_positive_threshold(self.sae)
 
     def prepare(self, first_batch: torch.Tensor) -> None:
         pass  # sae-lens initialises its own biases
 
     def step(self, batch: torch.Tensor) -> dict[str, float]:
-        output = self.trainer.step(batch)
-        self.trainer.n_training_steps += 1
+        t = self.trainer
+        freq_before = t.act_freq_scores.clone() if _distributed() else None
+        output = t.step(batch)
+        t.n_training_steps += 1
+        if _distributed():
+            # a latent fired in the global batch if it fired on any rank: every rank added 1 to the equal
+            # counters and reset the ones that fired locally, so the minimum over ranks is the global count
+            dist.all_reduce(t.n_forward_passes_since_fired, op=dist.ReduceOp.MIN)
+            fired = t.act_freq_scores - freq_before
+            dist.all_reduce(fired)
+            t.act_freq_scores = freq_before + fired
+            t.n_training_samples += batch.shape[0] * (world_size() - 1)  # the global batch's samples
         with torch.no_grad():
             sae_in = output.sae_in
             mse = (output.sae_out - sae_in).pow(2).sum() / (sae_in - sae_in.mean(0)).pow(2).sum()
