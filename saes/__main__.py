@@ -1,4 +1,4 @@
-"""python -m saes {train,eval,features,causal,report,probe,import-sdxl} ...
+"""python -m saes {train,eval,features,causal,report,probe,import-sdxl,bench} ...
 
     python -m saes train --store runs/store --block unet.mid_block.attentions.0 --out runs/sae/mid
     python -m saes eval --sae runs/sae/mid --store runs/store --block unet.mid_block.attentions.0
@@ -8,6 +8,7 @@
     python -m saes features --sae runs/lm-sae/blocks.2.hook_resid_post --model toy-chat --text corpus.jsonl  (LM)
     python -m saes causal --model toy --sae runs/toy-saes --scenes 24       (causal label scores into the cards)
     python -m saes report --model toy --root saes/pretrained/toy --features-summary runs/features/features_summary.json
+    python -m saes bench --sae saes/pretrained/toy-chat/blocks.1.hook_resid_post --model toy-chat --evals core
     python -m saes import-sdxl --checkpoint down.2.1_k10_hidden5120_auxk256_bs4096_lr0.0001/final --out runs/sae/down21
     torchrun --nproc-per-node 2 -m saes train ...      (data-parallel; each rank reads its own share)
 """
@@ -475,6 +476,18 @@ def _import_sdxl(args) -> int:
     return 0
 
 
+def _add_bench_arguments(parser) -> None:
+    from .bench.run import add_bench_arguments
+
+    add_bench_arguments(parser)
+
+
+def _bench(args) -> int:
+    from .bench.run import bench_command
+
+    return bench_command(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m saes", description="Train, evaluate and import SAEs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -496,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
          _probe),
         ("import-sdxl", "convert a published SDXL Turbo SAE (state_dict.pth) to sae-lens format",
          _add_import_sdxl_arguments, _import_sdxl),
+        ("bench", "SAEBench's evals (core, sparse probing, ...) on a CPU, one SAEBench JSON per SAE and eval",
+         _add_bench_arguments, _bench),
     ):
         sub = commands.add_parser(name, help=help_text)
         add_arguments(sub)
