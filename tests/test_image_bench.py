@@ -201,3 +201,36 @@ def test_truth_evals_refuse_a_model_without_a_world():
         bench.run_image_evals(model, {"s": (block, sae)}, ("image_colour",))
     with pytest.raises(ValueError, match="n_images"):
         bench.ImageBenchConfig(n_images=10**9)
+
+
+def test_registered_image_evals_write_saebench_results(toy_t2i, tmp_path):
+    """`saes bench`'s registry runs an image eval on the toy's shipped SAE, and its envelope validates against the
+    eval type's schema; a model without a world is refused by the eval's check, in one line."""
+    from saes.bench.registry import BenchOptions, eval_types
+    from saes.bench.schema import SchemaError, envelope, validate, write_result
+
+    block = "up_blocks.1.attentions.2"
+    sae = SAE.load(f"saes/pretrained/toy/{block}")
+    registered = eval_types()
+    assert set(bench.EVAL_TYPES) <= set(registered)
+    options = BenchOptions(hook=block, model_name="toy", extra={"probe_images": 24})
+    eval_type = registered["image_localisation"]
+    eval_type.check(sae, toy_t2i, options)
+    outcome = eval_type.run(sae, toy_t2i, options)
+    result = envelope(eval_type.eval_type_id, outcome.config, outcome.metrics, outcome.details, outcome.unstructured,
+                      sae=sae, sae_name=block, hook=block, model_name="toy")
+    path = write_result(tmp_path / "image_localisation" / "r.json", result)
+    assert path.is_file() and outcome.metrics["localisation"]["n_labelled"] >= 1
+    broken = {**result, "eval_result_metrics": {"nonsense": {"x": 1.0}}}
+    with pytest.raises(SchemaError):
+        validate(broken)
+    with pytest.raises(ValueError, match="probe_images"):
+        eval_type.check(sae, toy_t2i, BenchOptions(hook=block, model_name="toy", extra={"probe_images": 10**7}))
+
+    from tiny_diffusers import tiny_model
+
+    tiny = tiny_model("sd1")
+    tiny_block = next(iter(tiny.blocks))
+    with pytest.raises(GroundTruthError, match="image_absorption is scored against a world"):
+        registered["image_absorption"].check(_identity_sae(tiny.blocks[tiny_block].channels), tiny,
+                                             BenchOptions(hook=tiny_block, model_name="tiny-sd1"))

@@ -114,9 +114,32 @@ class BlockPool:
     updates: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+# Work shared by every SAE and eval of one model in a process (`saes bench` runs one SAE and eval at a time):
+# (kind, id(model), key) -> (model, value); the model is kept so that a reused id never matches another model.
+_SHARED: dict = {}
+_SHARED_MAX = 16
+
+
+def _shared(kind: str, model, key, make):
+    entry = _SHARED.get((kind, id(model), key))
+    if entry is not None and entry[0] is model:
+        return entry[1]
+    value = make()
+    if len(_SHARED) >= _SHARED_MAX:
+        _SHARED.pop(next(iter(_SHARED)))
+    _SHARED[(kind, id(model), key)] = (model, value)
+    return value
+
+
 @torch.no_grad()
 def capture_pool(model, blocks, prompts: list[str], seeds: list[int], batch_size: int = 32) -> dict[str, torch.Tensor]:
-    """Each block's update at the last denoising step (conditional half) for every prompt: {block: (n, C, h, w)}."""
+    """Each block's update at the last denoising step (conditional half) for every prompt: {block: (n, C, h, w)};
+    computed once per model, blocks, prompts and seeds in a process."""
+    key = (tuple(blocks), tuple(prompts), tuple(seeds))
+    return _shared("pool", model, key, lambda: _capture_pool(model, blocks, prompts, seeds, batch_size))
+
+
+def _capture_pool(model, blocks, prompts, seeds, batch_size) -> dict[str, torch.Tensor]:
     from interp.hooks import capture_updates, generate
 
     parts: dict[str, list] = {b: [] for b in blocks}
@@ -249,11 +272,15 @@ def _balanced(indices_pos: np.ndarray, indices_neg: np.ndarray, rng) -> np.ndarr
 
 
 def _probe_accuracy(x_train, y_train, x_test, y_test) -> float:
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
+    """SAEBench's sklearn probe: L2 logistic regression, C = 1, lbfgs, max_iter 1000, on the raw values."""
+    import warnings
 
-    probe = make_pipeline(StandardScaler(), LogisticRegression(solver="liblinear", max_iter=2000)).fit(x_train, y_train)
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        probe = LogisticRegression(C=1.0, max_iter=1000).fit(x_train, y_train)
     return float((probe.predict(x_test) == y_test).mean())
 
 
@@ -722,7 +749,8 @@ def run_image_evals(model, saes: dict, eval_types=EVAL_TYPES, config: ImageBench
         pool = BlockPool(pool_prompts, truth.scenes(pool_prompts) if truth is not None else [], truth, pool_updates)
         say(f"capture pool: {n_pool} images, {len(blocks)} blocks, {time.perf_counter() - start:.1f} s")
     results: dict = {}
-    unlearn_cache: dict = {}
+    unlearn_cache = _shared("unlearning", model, (config.seed, config.unlearn_images, config.negative_guidance,
+                                                  config.unlearn_attributes), dict)
     per_block: dict = {}
     for name, (block, sae) in saes.items():
         results[name] = {}
