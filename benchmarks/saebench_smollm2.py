@@ -1,14 +1,16 @@
 """SAEBench's core and sparse probing on SmolLM2's shipped layer-15 SAE, on this CPU, with wall times.
 
     python -m benchmarks.saebench_smollm2 [--data-dir ../shared/data] [--threads 1] [--n-tokens 20000]
+                                          [--max-examples 120] [--evals core,sparse_probing]
                                           [--out saes/pretrained/smollm2/blocks.15.hook_resid_post/saebench]
 
 Held-out text for the core eval: the SmolLM2 study's 200 held-out Dolly records (experiments.smollm2_study's
 split of dolly-sample.jsonl, which the SAE was not trained on), each rendered as a chat by the model's template,
 as saes/pretrained/smollm2/ship.sh renders them for `saes eval`; whole documents (--context 1024), so that no
 sequence starts mid-document (SmolLM2's attention sink, ship.sh's note). Sparse probing: Dolly's 8 categories
-(dolly-sample.jsonl) and XSTest's safe / unsafe label (xstest_prompts.csv), 128 tokens a text. Writes SAEBench's
-JSON (one per eval) into --out and prints each eval's wall time and the CPU (lscpu's model name).
+(dolly-sample.jsonl) and XSTest's safe / unsafe label (xstest_prompts.csv), at most --max-examples texts a class,
+128 tokens a text. Writes SAEBench's JSON (one per eval) into --out and prints each eval's wall and CPU time and
+the CPU (lscpu's model name). The two evals can run as two processes (--evals core / --evals sparse_probing).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data-dir", default="../shared/data")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--n-tokens", type=int, default=20000)
-    parser.add_argument("--max-examples", type=int, default=2000)
+    parser.add_argument("--max-examples", type=int, default=120)
     parser.add_argument("--out", default=str(SAE_DIR / "saebench"))
     parser.add_argument("--evals", default="core,sparse_probing")
     args = parser.parse_args(argv)
@@ -82,7 +84,8 @@ def main(argv=None) -> int:
     print(f"total {total:.0f} s on {cpu_name()} ({args.threads} thread(s); the machine is shared with other jobs)")
     for path in sorted(Path(args.out).rglob("*.json")):
         result = json.loads(path.read_text())
-        print(f"{result['eval_type_id']}: {result['eval_result_unstructured']['wall_seconds']:.0f} s  ({path})")
+        u = result["eval_result_unstructured"]
+        print(f"{result['eval_type_id']}: {u['wall_seconds']:.0f} s wall, {u.get('cpu_seconds', 0):.0f} s CPU  ({path})")
     return code
 
 

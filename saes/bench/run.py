@@ -104,19 +104,20 @@ def run_bench(sae_dirs, model_name: str, eval_names: str, out_dir, options_for, 
     results = []
     for name, sae_dir, sae, options in loaded:
         for eval_type in evals:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             outcome = eval_type.run(sae, model, options)
-            seconds = time.perf_counter() - start
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
             unstructured = outcome.unstructured if outcome.unstructured is not None else {}
             if isinstance(unstructured, dict):
-                unstructured = {**unstructured, "wall_seconds": round(seconds, 3), "sae_path": str(sae_dir),
+                unstructured = {**unstructured, "wall_seconds": round(seconds, 3),
+                                "cpu_seconds": round(cpu_seconds, 3), "sae_path": str(sae_dir),
                                 "model": model_name, "hook": options.hook}
             result = envelope(eval_type.eval_type_id, outcome.config, outcome.metrics, outcome.details,
                               unstructured, sae=sae, sae_name=name, hook=options.hook, model_name=model_name)
             if have_schemas:
                 validate(result)
             results.append((result_path(out_dir, name, eval_type.name), result))
-            print(f"{eval_type.name} on {name}: {seconds:.1f} s", file=sys.stderr)
+            print(f"{eval_type.name} on {name}: {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU", file=sys.stderr)
     written = []
     for path, result in results:
         written.append((write_result(path, result, overwrite=overwrite), result))

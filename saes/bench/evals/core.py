@@ -18,6 +18,7 @@ or bos token are left out; ignore_tokens in its multiple_evals), also where its 
     relative_reconstruction_bias   per batch mean ||x_hat||^2 / mean <x, x_hat>, averaged over batches
     cossim        mean per token of cos(x, x_hat)
     mse           mean per token of ||x - x_hat||^2 / (the batch's token count)     [SAEBench's formula, sic]
+                  (batches: 2048 kept tokens, SAEBench's default 16 x 128, whatever the forward passes' lengths)
     explained_variance   1 - E||x - x_hat||^2 / (E||x||^2 - (mean_d E[x_d^2])^2)    [SAEBench 0.6.0's formula, sic]
     explained_variance_legacy   mean per token of 1 - ||x - x_hat||^2 / ||x - batch mean||^2
     feature density, consistent_activation_heuristic (firings / prompts it fires in), frac_alive,
@@ -45,6 +46,10 @@ from ..registry import BenchOptions, EvalResult, EvalType, register_eval
 
 EVAL_TYPE_ID = "core"
 FLOAT_DIGITS = 6  # SAEBench rounds per-feature details to DEFAULT_FLOAT_PRECISION (6)
+# SAEBench's default batch: 16 prompts x 128 tokens. Its per-batch formulas (mse divides by the batch's token
+# count; relative_reconstruction_bias and explained_variance average per-batch figures) see batches of this many
+# tokens here too, whatever the lengths of the forward passes' sequences.
+METRIC_BATCH_TOKENS = 16 * 128
 
 
 # ----------------------------------------------------------------------------- weight-based metrics
@@ -97,7 +102,10 @@ class CoreAccumulator:
     """SAEBench's per-batch lists and running sums, fed one batch at a time (so no token's activations are kept
     beyond its batch); `metrics()` aggregates them as SAEBench does."""
 
-    def __init__(self, d_sae: int):
+    def __init__(self, d_sae: int, chunk_tokens: int | None = None):
+        self.chunk_tokens = chunk_tokens
+        self.buffer: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.buffered = 0
         self.per_token = {k: [] for k in ("l2_norm_in", "l2_norm_out", "l2_ratio", "l0", "l1",
                                           "explained_variance_legacy", "mse", "cossim",
                                           "kl_div_with_sae", "kl_div_with_ablation",
@@ -118,11 +126,40 @@ class CoreAccumulator:
     def add_activations(self, x: torch.Tensor, latents: torch.Tensor, x_hat: torch.Tensor,
                         keep: torch.Tensor) -> None:
         """x, x_hat: (batch, pos, d_in) float32; latents (batch, pos, d_sae); keep (batch, pos) bool: the tokens
-        SAEBench counts (not pad / eos / bos, and inside the sequence)."""
+        SAEBench counts (not pad / eos / bos, and inside the sequence). Per-feature counts are taken per sequence
+        here; the formula metrics per SAEBench batch (`chunk_tokens` kept tokens, or this forward batch)."""
         xs, xh, acts = x[keep], x_hat[keep], latents[keep]
         n = xs.shape[0]
         if n == 0:
             return
+        fired = (latents > 0) & keep.unsqueeze(-1)
+        self.feature_acts += fired.sum(dim=(0, 1)).double()
+        self.feature_prompts += (fired.sum(dim=1) > 0).sum(0).double()
+        self.tokens += n
+        xd = xs.double()
+        self.sum_x = xd.sum(0) if self.sum_x is None else self.sum_x + xd.sum(0)
+        self.sum_x_sq += float(xd.pow(2).sum())
+        self.sum_err_sq += float((xs - xh).double().pow(2).sum())
+        self.d_in = xs.shape[1]
+        if self.chunk_tokens is None:
+            self._batch(xs, xh, acts)
+            return
+        self.buffer.append((xs, xh, acts))
+        self.buffered += n
+        while self.buffered >= self.chunk_tokens:
+            self._flush(self.chunk_tokens)
+
+    def _flush(self, size: int) -> None:
+        xs, xh, acts = (torch.cat(parts) for parts in zip(*self.buffer))
+        self._batch(xs[:size], xh[:size], acts[:size])
+        rest = (xs[size:], xh[size:], acts[size:])
+        self.buffer = [rest] if len(rest[0]) else []
+        self.buffered = len(rest[0])
+
+    def _batch(self, xs: torch.Tensor, xh: torch.Tensor, acts: torch.Tensor) -> None:
+        """One SAEBench batch of kept tokens (n, d): its per-token values and per-batch sums, as
+        get_sparsity_and_variance_metrics computes them."""
+        n = xs.shape[0]
         norm_in, norm_out = xs.norm(dim=-1), xh.norm(dim=-1)
         safe_in = norm_in.clone()
         safe_in[safe_in.abs() < 1e-4] = 1
@@ -141,21 +178,14 @@ class CoreAccumulator:
         self.mean_resid_sq.append(resid_sq.mean(0))
         cos = (xs / xs.norm(dim=-1, keepdim=True) * (xh / xh.norm(dim=-1, keepdim=True))).sum(-1)
         self.per_token["cossim"].append(cos)
-        fired = (latents > 0) & keep.unsqueeze(-1)
-        self.feature_acts += fired.sum(dim=(0, 1)).double()
-        self.feature_prompts += (fired.sum(dim=1) > 0).sum(0).double()
-        self.tokens += n
-        xd = xs.double()
-        self.sum_x = xd.sum(0) if self.sum_x is None else self.sum_x + xd.sum(0)
-        self.sum_x_sq += float(xd.pow(2).sum())
-        self.sum_err_sq += float(resid_sq.double().sum())
-        self.d_in = xs.shape[1]
 
     def add_losses(self, name: str, values: torch.Tensor) -> None:
         self.per_token[name].append(values.float())
 
     def metrics(self) -> tuple[dict, dict, dict]:
         """(SAEBench's metric categories, per-feature density lists, the textbook figures)."""
+        if self.buffered:
+            self._flush(self.buffered)  # the last, partial SAEBench batch
         mean = {k: torch.cat(v).mean().item() for k, v in self.per_token.items() if v}
         mean["relative_reconstruction_bias"] = torch.cat(self.per_batch_rrb).mean().item()
         total_variance = (torch.stack(self.mean_sum_sq).mean(0)
@@ -253,7 +283,8 @@ def held_out_documents(options: BenchOptions, tokenizer) -> tuple[list[str], str
 
 
 def token_batches(lm, documents: list[str], context: int, n_tokens: int, batch_size: int):
-    """Right-padded (ids, mask) batches of whole-document sequences, up to n_tokens tokens in all."""
+    """Right-padded (ids, mask) batches of whole-document sequences, up to n_tokens tokens in all, sorted by
+    length (SAEBench's batches are all full; its per-batch mse and relative_reconstruction_bias see like rows)."""
     from interp.hooks.lm import right_padded
     from interp.lm_text import token_sequences
 
@@ -268,13 +299,17 @@ def token_batches(lm, documents: list[str], context: int, n_tokens: int, batch_s
             break
     if not sequences:
         raise ValueError("the held-out text has no sequence of at least 3 tokens")
+    sequences.sort(key=len)  # batches of like lengths: little padding to compute
     return [right_padded(lm, sequences[i:i + batch_size]) for i in range(0, len(sequences), batch_size)], total
 
 
-def compute_core(lm, sae, hook: str, batches, exclude_special: bool = True, progress: bool = False) -> tuple:
-    """(metric categories, per-feature details, textbook figures, tokens) on the given (ids, mask) batches."""
+def compute_core(lm, sae, hook: str, batches, exclude_special: bool = True, progress: bool = False,
+                 chunk_tokens: int | None = None) -> tuple:
+    """(metric categories, per-feature details, textbook figures) on the given (ids, mask) batches. SAEBench's
+    per-batch formulas (mse, relative_reconstruction_bias, explained_variance) group `chunk_tokens` kept tokens
+    at a time (None: each forward batch, as SAEBench's own batches are)."""
     special = special_token_ids(lm.tokenizer)
-    acc = CoreAccumulator(sae.cfg.d_sae)
+    acc = CoreAccumulator(sae.cfg.d_sae, chunk_tokens)
     iterator = batches
     if progress:
         from tqdm import tqdm
@@ -331,7 +366,8 @@ def run_core(sae, lm, options: BenchOptions) -> EvalResult:
     batches, _ = token_batches(lm, documents, options.context_size, options.n_tokens, options.batch_size)
     exclude = _exclude(options)
     sae = sae.to(lm.device)
-    categories, feature, textbook = compute_core(lm, sae, options.hook, batches, exclude, options.progress)
+    categories, feature, textbook = compute_core(lm, sae, options.hook, batches, exclude, options.progress,
+                                                 chunk_tokens=METRIC_BATCH_TOKENS)
     config = {
         "model_name": options.model_name, "llm_dtype": options.dtype, "batch_size_prompts": options.batch_size,
         "n_eval_reconstruction_batches": len(batches), "n_eval_sparsity_variance_batches": len(batches),
@@ -341,7 +377,7 @@ def run_core(sae, lm, options: BenchOptions) -> EvalResult:
         "compute_featurewise_weight_based_metrics": True,
         "exclude_special_tokens_from_reconstruction": exclude, "verbose": False,
     }
-    unstructured = {"textbook": textbook,
+    unstructured = {"textbook": textbook, "metric_batch_tokens": METRIC_BATCH_TOKENS,
                     "note": "explained_variance and mse use SAEBench 0.6.0's formulas (see saes/bench/evals/core.py); "
                             "textbook.explained_variance_1_minus_fvu and textbook.mse_per_element are the usual ones"}
     return EvalResult(config, categories, feature_details(feature), unstructured)

@@ -1,0 +1,126 @@
+"""SAEBench's standard plot: metrics against L0, one point per SAE, from `saes bench` result files.
+
+    python -m saes.bench.plots --results saes/pretrained/toy-chat saes/pretrained/smollm2 --out docs/saebench \
+        --plotlyjs cdn
+
+reads every `*_eval_results.json` below each --results folder (core and sparse_probing), and writes
+`<out>/metrics_vs_l0.png` (matplotlib) and `<out>/metrics_vs_l0.html` (plotly, standalone) with one panel per
+metric: ce_loss_score, kl_div_score, explained_variance (SAEBench's) and sae_top_1_test_accuracy, each against the
+core eval's L0 (log x, as SAEBench draws it). Points are labelled model / SAE / architecture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+PANELS = (("core", "model_performance_preservation", "ce_loss_score", "CE loss score"),
+          ("core", "model_behavior_preservation", "kl_div_score", "KL divergence score"),
+          ("core", "reconstruction_quality", "explained_variance", "explained variance (SAEBench 0.6.0)"),
+          ("sparse_probing", "sae", "sae_top_1_test_accuracy", "sparse probing: top-1 latent accuracy"))
+
+
+def collect(roots) -> list[dict]:
+    """One row per SAE: its label, L0, architecture and the panels' metrics (None where its eval is missing)."""
+    rows: dict[tuple, dict] = {}
+    for root in roots:
+        root = Path(root)
+        if not root.exists():
+            raise ValueError(f"no results folder {root}")
+        for path in sorted(root.rglob("*_eval_results.json")):
+            result = json.loads(path.read_text())
+            cfg = result.get("sae_cfg_dict") or {}
+            key = (cfg.get("model_name"), result.get("sae_lens_id"))
+            row = rows.setdefault(key, {"model": key[0], "sae": key[1], "architecture": cfg.get("architecture"),
+                                        "d_sae": cfg.get("d_sae"), "l0": None})
+            metrics = result["eval_result_metrics"]
+            if result["eval_type_id"] == "core":
+                row["l0"] = metrics["sparsity"]["l0"]
+            for eval_type, category, name, _ in PANELS:
+                if result["eval_type_id"] == eval_type:
+                    row[name] = metrics[category].get(name)
+    found = [r for r in rows.values() if r["l0"] is not None]
+    if not found:
+        raise ValueError(f"no core result (*_eval_results.json) under {', '.join(map(str, roots))}: run saes bench "
+                         f"--evals core first")
+    return found
+
+
+def label(row: dict) -> str:
+    return f"{row['model']} / {row['sae']} ({row['architecture']}, {row['d_sae']})"
+
+
+def write_png(rows, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from interp.atomic import atomic_write
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8))
+    for ax, (_, _, name, title) in zip(axes, PANELS):
+        for row in rows:
+            if row.get(name) is not None:
+                ax.scatter(row["l0"], row[name], s=40, label=label(row))
+        ax.set_xscale("log")
+        ax.set_xlabel("L0")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(3, max(1, len(labels))), fontsize=8)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    finally:
+        plt.close(fig)
+
+
+def write_html(rows, path: Path, plotlyjs: str = "inline") -> None:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from interp.atomic import atomic_write_text
+
+    fig = make_subplots(rows=1, cols=len(PANELS), subplot_titles=[p[3] for p in PANELS])
+    for col, (_, _, name, _) in enumerate(PANELS, 1):
+        for i, row in enumerate(rows):
+            if row.get(name) is None:
+                continue
+            fig.add_trace(go.Scatter(x=[row["l0"]], y=[row[name]], mode="markers", name=label(row),
+                                     legendgroup=label(row), showlegend=col == 1,
+                                     marker={"size": 10, "color": f"hsl({(i * 137) % 360},60%,45%)"}),
+                          row=1, col=col)
+        fig.update_xaxes(type="log", title_text="L0", row=1, col=col)
+    fig.update_layout(height=420, width=360 * len(PANELS), title="SAEBench metrics against L0 (saes bench)")
+    include = True if plotlyjs == "inline" else "cdn"  # cdn: a small page that loads plotly.js from its CDN
+    atomic_write_text(path, fig.to_html(include_plotlyjs=include, full_html=True))
+
+
+def main(argv=None) -> int:
+    from interp.cli import run_command
+    from interp.shipped import add_overwrite_options
+
+    parser = argparse.ArgumentParser(prog="python -m saes.bench.plots", description=__doc__.split("\n")[0])
+    parser.add_argument("--results", nargs="+", required=True, help="folders holding saes bench results")
+    parser.add_argument("--out", required=True, help="folder for metrics_vs_l0.png and metrics_vs_l0.html")
+    parser.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
+                        help="inline: a standalone page (about 5 MB); cdn: a small page that loads plotly.js")
+
+    def run(args) -> int:
+        rows = collect(args.results)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_png(rows, out / "metrics_vs_l0.png")
+        write_html(rows, out / "metrics_vs_l0.html", args.plotlyjs)
+        print(f"wrote {out / 'metrics_vs_l0.png'} and {out / 'metrics_vs_l0.html'} ({len(rows)} SAEs)")
+        return 0
+
+    parser.set_defaults(run=run)
+    return run_command(add_overwrite_options(parser).parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
