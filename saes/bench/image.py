@@ -654,13 +654,14 @@ def image_unlearning(model, sae, block: str, truth, latents: torch.Tensor, pool_
         edits = [Edit(block=block, mode="scale", feature=f, strength=config.multiplier) for f in features]
         after = _read(truth, _images(model, prompts, seeds, config.batch_size, edits, {block: sae}))
         sae_scores = unlearning_scores(before, after, scenes, attribute, value, truth.object_attributes)
-        direction = difference_direction(raw_x, labels[attribute], value)
-        steer = [Edit(block=block, mode="add", direction=(-direction).tolist(), strength=1.0)]
-        steered = _read(truth, _images(model, prompts, seeds, config.batch_size, steer))
+        if (block, key) not in cache:  # the steering baseline depends on the block, not on the SAE
+            direction = difference_direction(raw_x, labels[attribute], value)
+            steer = [Edit(block=block, mode="add", direction=(-direction).tolist(), strength=1.0)]
+            steered = _read(truth, _images(model, prompts, seeds, config.batch_size, steer))
+            cache[(block, key)] = unlearning_scores(before, steered, scenes, attribute, value, truth.object_attributes)
         per_concept[f"{attribute}={value}"] = {
             "features": features, "feature_aurocs": feature_aurocs, "sae": sae_scores,
-            "negative_prompt": negative_scores,
-            "activation_steering": unlearning_scores(before, steered, scenes, attribute, value, truth.object_attributes)}
+            "negative_prompt": negative_scores, "activation_steering": cache[(block, key)]}
     metrics = {}
     for method in ("sae", "negative_prompt", "activation_steering"):
         for score in ("unlearning_accuracy", "in_domain_retention", "cross_domain_retention"):
@@ -769,7 +770,7 @@ def run_image_evals(model, saes: dict, eval_types=EVAL_TYPES, config: ImageBench
             sae_x = pool_objects(latents, objects, coverage)
             labels = object_labels(objects, truth.object_attributes)
         for eval_type in eval_types:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             if eval_type == "image_reconstruction":
                 metrics, details = image_reconstruction(model, sae, block, recon_prompts, recon_seeds,
                                                         config.batch_size, truth, recon_scenes, updates)
@@ -790,6 +791,7 @@ def run_image_evals(model, saes: dict, eval_types=EVAL_TYPES, config: ImageBench
 
                 metrics, details = image_editing(model, sae, block, config, Path(work_dir) / "riebench" / name)
             seconds = time.perf_counter() - start
-            results[name][eval_type] = {"metrics": metrics, "details": details, "seconds": seconds}
+            results[name][eval_type] = {"metrics": metrics, "details": details, "seconds": seconds,
+                                        "cpu_seconds": time.process_time() - cpu_start}
             say(f"{name} {eval_type}: {seconds:.1f} s")
     return results
