@@ -92,6 +92,7 @@ def run(args) -> None:
     out = Path(args.out)
     write_json(out, data)
     out.with_suffix(".md").write_text(report_markdown(data))
+    write_plot(data, out.with_suffix(".png"))
     print(f"wrote {out} ({wall / 60:.1f} min)")
 
 
@@ -133,6 +134,41 @@ def report_markdown(data: dict) -> str:
     return "\n".join(lines)
 
 
+PLOTTED = [h for h in HEADLINE if h[1] not in ("l0", "n_labelled")]
+
+
+def write_plot(data: dict, path: Path) -> None:
+    """One panel per headline metric (but L0 and the count of labels): a bar per SAE, coloured by trainer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    saes = data["saes"]
+    names = list(saes)
+    trainers = list(dict.fromkeys(s["trainer"] for s in saes.values()))
+    colours = {t: plt.get_cmap("tab10")(i) for i, t in enumerate(trainers)}
+    panels = [(e, m, t) for e, m, t in PLOTTED if any(e in s["evals"] for s in saes.values())]
+    cols = 4
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
+    short = [n.split("/")[0] if len(trainers) > 1 and len({s["block"] for s in saes.values()}) == 1
+             else n.replace("attentions.", "a").replace("_blocks", "") for n in names]
+    for ax, (e, m, title) in zip(axes.flat, panels):
+        values = [saes[n]["evals"].get(e, {}).get("metrics", {}).get(m) for n in names]
+        ax.bar(range(len(names)), [v if v is not None else 0 for v in values],
+               color=[colours[saes[n]["trainer"]] for n in names])
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(len(names)), short, rotation=60, fontsize=6, ha="right")
+        ax.tick_params(axis="y", labelsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"image SAEBench on {data['model']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.image_saebench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -156,7 +192,9 @@ def main(argv=None) -> None:
         run(args)
     else:
         path = Path(args.results)
-        path.with_suffix(".md").write_text(report_markdown(json.loads(path.read_text())))
+        data = json.loads(path.read_text())
+        path.with_suffix(".md").write_text(report_markdown(data))
+        write_plot(data, path.with_suffix(".png"))
 
 
 if __name__ == "__main__":
