@@ -49,7 +49,8 @@ EVAL_TYPES = ("image_reconstruction", "image_sparse_probing", "image_localisatio
 TRUTH_EVALS = frozenset(EVAL_TYPES[1:])  # need a world's ground truth; image_reconstruction runs on any model
 
 # bounds of every count a request carries (checked before any work)
-LIMITS = {"n_images": (2, 2048), "probe_images": (8, 4096), "unlearn_images": (1, 256), "riebench_per_category": (1, 50),
+LIMITS = {"n_images": (2, 2048), "probe_images": (8, 4096), "unlearn_images": (1, 256),
+          "riebench_per_category": (1, 50),
           "batch_size": (1, 512), "max_unlearn_features": (1, 64), "moran_images": (1, 64)}
 
 
@@ -416,7 +417,8 @@ def localisation(latents: torch.Tensor, scenes: list, truth, min_auroc: float = 
     labelled = [v for k, v in moran.items() if k in labels]
     metrics = {"n_labelled": len(labels), "n_live": int(len(live)),
                "mean_localisation": float(np.mean(inside)) if inside else None,
-               "mean_base_rate": float(np.mean([p["base_rate"] for p in per_feature.values()])) if per_feature else None,
+               "mean_base_rate": (float(np.mean([p["base_rate"] for p in per_feature.values()])) if per_feature
+                                  else None),
                "moran_i_unlabelled": float(np.mean(unlabelled)) if unlabelled else None,
                "moran_i_labelled": float(np.mean(labelled)) if labelled else None}
     return metrics, {"features": {str(k): {**v, "moran_i": moran.get(k)} for k, v in per_feature.items()},
@@ -719,7 +721,8 @@ def run_image_evals(model, saes: dict, eval_types=EVAL_TYPES, config: ImageBench
     config = config or ImageBenchConfig()
     unknown = [e for e in eval_types if e not in EVAL_TYPES]
     if unknown:
-        raise ValueError(f"unknown image eval type(s) {', '.join(unknown)}; the image evals are: {', '.join(EVAL_TYPES)}")
+        raise ValueError(f"unknown image eval type(s) {', '.join(unknown)}; the image evals are: "
+                         f"{', '.join(EVAL_TYPES)}")
     truth = ground_truth_for(model)
     for eval_type in eval_types:
         if eval_type in TRUTH_EVALS:
@@ -730,7 +733,8 @@ def run_image_evals(model, saes: dict, eval_types=EVAL_TYPES, config: ImageBench
         if block not in model.blocks:
             raise ValueError(f"{name}: the model has no block {block!r}; its blocks: {', '.join(model.blocks)}")
         if sae.cfg.d_in != model.blocks[block].channels:
-            raise ValueError(f"{name}: the SAE reads {sae.cfg.d_in} channels, {block} has {model.blocks[block].channels}")
+            raise ValueError(f"{name}: the SAE reads {sae.cfg.d_in} channels, {block} has "
+                             f"{model.blocks[block].channels}")
     say = progress or (lambda line: None)
     blocks = sorted({block for block, _ in saes.values()})
     # reconstruction prompts: the model's world's captions, else the shapes world's words (any model reads text)

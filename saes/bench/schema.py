@@ -182,5 +182,5 @@ def result_path(out_dir: str | os.PathLike, sae_name: str, eval_name: str) -> Pa
 
 
 __all__ = ["ENVELOPE_FIELDS", "INSTALL_HINT", "LOCAL_SCHEMAS", "RELEASE_ID", "SAEBENCH_VERSION", "SchemaError",
-           "check_or_note", "envelope", "project_commit", "register_schema", "result_path", "sae_cfg_dict", "schema_dir",
-           "schemas", "validate", "write_result"]
+           "check_or_note", "envelope", "project_commit", "register_schema", "result_path", "sae_cfg_dict",
+           "schema_dir", "schemas", "validate", "write_result"]
