@@ -124,13 +124,16 @@ def report_markdown(data: dict) -> str:
                 values = [v for v in values if v is not None]
                 cells.append(_fmt(sum(values) / len(values)) if values else "-")
             lines.append(f"| {trainer} | " + " | ".join(cells) + " |")
-    seconds = {}
+    seconds, cpu = {}, {}
     for s in saes.values():
         for e, r in s["evals"].items():
             seconds[e] = seconds.get(e, 0.0) + r["seconds"]
+            cpu[e] = cpu.get(e, 0.0) + r.get("cpu_seconds", float("nan"))
     lines += ["", f"Wall time {data['wall_seconds'] / 60:.1f} min on {data['cpu']} ({data['threads']} thread(s); "
-              f"{data['note']}); per eval, summed over SAEs: "
-              + ", ".join(f"{e} {v:.0f} s" for e, v in seconds.items()) + ".", ""]
+              f"{data['note']}); per eval, summed over SAEs, wall"
+              + (" (CPU) seconds: " + ", ".join(f"{e} {v:.0f} ({cpu[e]:.0f})" for e, v in seconds.items())
+                 if all(c == c for c in cpu.values()) else  # NaN: a run from before CPU seconds were recorded
+                 " seconds: " + ", ".join(f"{e} {v:.0f}" for e, v in seconds.items())) + ".", ""]
     return "\n".join(lines)
 
 
