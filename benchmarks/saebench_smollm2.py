@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     for path in sorted(Path(args.out).rglob("*.json")):
         result = json.loads(path.read_text())
         u = result["eval_result_unstructured"]
-        print(f"{result['eval_type_id']}: {u['wall_seconds']:.0f} s wall, {u.get('cpu_seconds', 0):.0f} s CPU  ({path})")
+        print(f"{result['eval_type_id']}: {u['wall_seconds']:.0f} s wall, {u.get('cpu_seconds', 0):.0f} s CPU "
+              f"({path})")
     return code
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saes.bench.registry import BenchOptions, eval_types
+from saes.bench.registry import BenchOptions
 from saes.bench.schema import ENVELOPE_FIELDS, SchemaError, envelope, schemas, validate, write_result
 from saes.sae import SAE
 
@@ -155,6 +155,14 @@ def test_core_metrics_match_saebench_functions(tl_lm, sae):
     for name, values in their_feature.items():
         for i, value in enumerate(values):
             _close(feature[name][i], value, f"{name}[{i}]")
+    # `saes bench` runs the Hugging Face model: on the same batches it gives the same numbers as TransformerLens
+    from interp.models.lm import load_lm
+
+    hf_lm = load_lm("toy-chat")
+    hf, _, _ = compute_core(hf_lm, sae, HOOK, [(b, torch.ones_like(b)) for b in batches], exclude_special=True)
+    for category, values in ours.items():
+        for name, value in values.items():
+            assert hf[category][name] == pytest.approx(value, rel=1e-3, abs=1e-5), (name, hf[category][name], value)
     # a working SAE, not zeros (on 8 packed rows of 24 tokens CE is noise: zero ablation can even beat the clean
     # model there; the KL score is not)
     assert 0.5 < flat["kl_div_score"] <= 1 and flat["l0"] == pytest.approx(16.0)

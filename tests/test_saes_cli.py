@@ -86,7 +86,7 @@ def test_help_lists_the_commands():
     done = subprocess.run([sys.executable, "-m", "saes", "--help"], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0
-    commands = ("train", "eval", "features", "causal", "report", "probe", "import-sdxl")
+    commands = ("train", "eval", "features", "causal", "report", "probe", "import-sdxl", "bench")
     assert all(command in done.stdout for command in commands)
 
 

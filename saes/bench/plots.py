@@ -6,7 +6,8 @@
 reads every `*_eval_results.json` below each --results folder (core and sparse_probing), and writes
 `<out>/metrics_vs_l0.png` (matplotlib) and `<out>/metrics_vs_l0.html` (plotly, standalone) with one panel per
 metric: ce_loss_score, kl_div_score, explained_variance (SAEBench's) and sae_top_1_test_accuracy, each against the
-core eval's L0 (log x, as SAEBench draws it). Points are labelled model / SAE / architecture.
+core eval's L0 (log x, as SAEBench draws it). Points are labelled model / SAE / architecture. Prints a markdown
+table of the headline metrics, one row per SAE.
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ def collect(roots) -> list[dict]:
             row = rows.setdefault(key, {"model": key[0], "sae": key[1], "architecture": cfg.get("architecture"),
                                         "d_sae": cfg.get("d_sae"), "l0": None})
             metrics = result["eval_result_metrics"]
+            flat = {k: v for category in metrics.values() for k, v in category.items()}
+            row.update({f"{result['eval_type_id']}:{k}": v for k, v in flat.items()})
+            unstructured = result.get("eval_result_unstructured") or {}
+            row[f"{result['eval_type_id']}:wall_seconds"] = unstructured.get("wall_seconds")
+            row[f"{result['eval_type_id']}:cpu_seconds"] = unstructured.get("cpu_seconds")
             if result["eval_type_id"] == "core":
                 row["l0"] = metrics["sparsity"]["l0"]
+                row["core:ev_textbook"] = (unstructured.get("textbook") or {}).get("explained_variance_1_minus_fvu")
             for eval_type, category, name, _ in PANELS:
                 if result["eval_type_id"] == eval_type:
                     row[name] = metrics[category].get(name)
@@ -46,6 +53,32 @@ def collect(roots) -> list[dict]:
         raise ValueError(f"no core result (*_eval_results.json) under {', '.join(map(str, roots))}: run saes bench "
                          f"--evals core first")
     return found
+
+
+TABLE = (("L0", "l0", "{:.1f}"), ("CE score", "core:ce_loss_score", "{:.3f}"),
+         ("KL score", "core:kl_div_score", "{:.3f}"), ("EV (SAEBench)", "core:explained_variance", "{:.3f}"),
+         ("EV (1 - FVU)", "core:ev_textbook", "{:.3f}"), ("cossim", "core:cossim", "{:.3f}"),
+         ("L2 ratio", "core:l2_ratio", "{:.3f}"), ("rel. bias", "core:relative_reconstruction_bias", "{:.3f}"),
+         ("alive", "core:frac_alive", "{:.3f}"), (">1%", "core:freq_over_1_percent", "{:.3f}"),
+         ("max enc cos", "core:average_max_encoder_cosine_sim", "{:.3f}"),
+         ("max dec cos", "core:average_max_decoder_cosine_sim", "{:.3f}"),
+         ("LLM probe", "sparse_probing:llm_test_accuracy", "{:.3f}"),
+         ("SAE probe", "sparse_probing:sae_test_accuracy", "{:.3f}"),
+         ("LLM top-1", "sparse_probing:llm_top_1_test_accuracy", "{:.3f}"),
+         ("SAE top-1", "sparse_probing:sae_top_1_test_accuracy", "{:.3f}"),
+         ("SAE top-2", "sparse_probing:sae_top_2_test_accuracy", "{:.3f}"),
+         ("SAE top-5", "sparse_probing:sae_top_5_test_accuracy", "{:.3f}"),
+         ("SAE top-20", "sparse_probing:sae_top_20_test_accuracy", "{:.3f}"))
+
+
+def markdown_table(rows) -> str:
+    """One row per SAE: the headline metrics (SAEBench's names; EV (1 - FVU) from eval_result_unstructured)."""
+    head = "| SAE | " + " | ".join(name for name, _, _ in TABLE) + " |"
+    lines = [head, "|---|" + "---:|" * len(TABLE)]
+    for row in rows:
+        cells = ["n/a" if row.get(key) is None else fmt.format(row[key]) for _, key, fmt in TABLE]
+        lines.append(f"| {row['model']} / {row['sae']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def label(row: dict) -> str:
@@ -115,6 +148,7 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         write_png(rows, out / "metrics_vs_l0.png")
         write_html(rows, out / "metrics_vs_l0.html", args.plotlyjs)
+        print(markdown_table(rows), end="")
         print(f"wrote {out / 'metrics_vs_l0.png'} and {out / 'metrics_vs_l0.html'} ({len(rows)} SAEs)")
         return 0
 

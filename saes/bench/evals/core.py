@@ -146,7 +146,7 @@ class CoreAccumulator:
             return
         self.buffer.append((xs, xh, acts))
         self.buffered += n
-        while self.buffered >= self.chunk_tokens:
+        while self.buffered >= 2 * self.chunk_tokens:  # one full batch stays back for the end (see metrics)
             self._flush(self.chunk_tokens)
 
     def _flush(self, size: int) -> None:
@@ -184,17 +184,22 @@ class CoreAccumulator:
 
     def metrics(self) -> tuple[dict, dict, dict]:
         """(SAEBench's metric categories, per-feature density lists, the textbook figures)."""
-        if self.buffered:
-            self._flush(self.buffered)  # the last, partial SAEBench batch
+        if self.chunk_tokens is not None and self.buffered >= self.chunk_tokens + 2:
+            self._flush(self.chunk_tokens)
+        if self.buffered:  # the last batch; a remainder of 1 token joins the batch before it (a batch of one token
+            self._flush(self.buffered)  # has no variance: its legacy EV would be -inf)
         mean = {k: torch.cat(v).mean().item() for k, v in self.per_token.items() if v}
         mean["relative_reconstruction_bias"] = torch.cat(self.per_batch_rrb).mean().item()
         total_variance = (torch.stack(self.mean_sum_sq).mean(0)
                           - torch.cat(self.mean_sq_per_dim).mean(0) ** 2)
         mean["explained_variance"] = (1 - torch.stack(self.mean_resid_sq).mean(0) / total_variance).item()
-        mean["kl_div_score"] = ((mean["kl_div_with_ablation"] - mean["kl_div_with_sae"])
-                                / mean["kl_div_with_ablation"])
-        mean["ce_loss_score"] = ((mean["ce_loss_with_ablation"] - mean["ce_loss_with_sae"])
-                                 / (mean["ce_loss_with_ablation"] - mean["ce_loss_without_sae"]))
+        kl_gap = mean["kl_div_with_ablation"]
+        ce_gap = mean["ce_loss_with_ablation"] - mean["ce_loss_without_sae"]
+        if abs(kl_gap) < 1e-12 or abs(ce_gap) < 1e-12:
+            raise ValueError("zero-ablating the hook changes nothing on these tokens (no KL or CE gap): the KL and "
+                             "CE scores are undefined; score more tokens (--n-tokens) or another hook")
+        mean["kl_div_score"] = (kl_gap - mean["kl_div_with_sae"]) / kl_gap
+        mean["ce_loss_score"] = (mean["ce_loss_with_ablation"] - mean["ce_loss_with_sae"]) / ce_gap
         density = (self.feature_acts / self.tokens).tolist()
         consistent = (self.feature_acts / self.feature_prompts).tolist()  # NaN for a dead feature, as SAEBench
         variance_sum = self.sum_x_sq - float(self.sum_x.pow(2).sum()) / self.tokens

@@ -22,8 +22,9 @@ Datasets (--dataset, comma-separated; a built-in name or a file):
 SAEBench's own sets (bias-in-bios, Amazon reviews, AG News, GitHub code, Europarl) need a hub download; Dolly's
 categories stand in for AG News (the genre of a short text, 8 classes, one-vs-rest), XSTest's safe / unsafe label
 for the binary sentiment set (one semantic judgement of the whole text; its contrast prompts share the surface
-words of the safe ones). Texts are cut to 128 tokens (--option probe_context=N) and led by the model's start token (which our SAEs are
-trained after); a class with fewer than 4 texts, or a dataset with one class, is refused.
+words of the safe ones). Texts are cut to 128 tokens (--option probe_context=N) and led by the model's start
+token (which our SAEs are trained after); a class with fewer than 4 texts, or a dataset with one class, is
+refused.
 """
 
 from __future__ import annotations
