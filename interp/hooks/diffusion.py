@@ -42,7 +42,8 @@ from .scoped import ScopedHooks
 
 HALVES = ("cond", "uncond", "all")
 __all__ = ["BlockCapture", "Cancelled", "EditSession", "GenerationCall", "HookError", "NeuronCapture", "ScopedHooks",
-           "StepRecord", "apply_edits", "block_name", "capture_neurons", "capture_updates", "generate",
+           "StepRecord", "apply_edits", "block_name", "capture_denoiser_outputs", "capture_neurons", "capture_updates",
+           "generate",
            "hookable_blocks", "hookable_sites", "mlp_neuron_modules", "neuron_directions", "on_each_step", "private_pipeline",
            "resolve_blocks", "run_pipeline", "unet_of"]
 
@@ -475,6 +476,39 @@ def capture_updates(model_or_unet, blocks=SDXL_BLOCKS, keep_output: bool = False
     """
     return BlockCapture(model_or_unet, blocks, keep_output=keep_output, device=device, dtype=dtype,
                         stop_after_last=stop_after_last)
+
+
+class DenoiserOutputs(ScopedHooks):
+    """Records what the denoiser returns at each of its calls (the noise, velocity or sample prediction the
+    scheduler steps with), the whole batch ([uncond, cond] under CFG) as computed, a copy on the CPU in float32.
+    Use through `capture_denoiser_outputs`; read `outputs` (one tensor per call, in call order)."""
+
+    def __init__(self, model_or_unet):
+        self.unet = unet_of(model_or_unet)
+        self.outputs: list[torch.Tensor] = []
+        self._handles: list = []
+
+    def _hook(self, module, args, output):
+        if not self._active():
+            return None
+        sample = output[0] if isinstance(output, tuple) else getattr(output, "sample", output)
+        self.outputs.append(sample.detach().float().cpu().clone())
+        return None
+
+    def _register(self) -> None:
+        self._handles.append(self.unet.register_forward_hook(self._hook))
+
+
+def capture_denoiser_outputs(model_or_unet) -> DenoiserOutputs:
+    """Context manager recording the denoiser's output at every call of the generations run inside it:
+
+        with capture_denoiser_outputs(model) as out:
+            generate(model, "a red circle")
+        out.outputs          # [(batch, C, H, W)] per denoiser call ((batch, tokens, C) for a packed DiT)
+
+    It sees the output after every block edit of an `apply_edits` session entered with it, so a splice's effect on
+    what the denoiser predicts is `outputs` with the splice against without (`saes.bench.image`)."""
+    return DenoiserOutputs(model_or_unet)
 
 
 # ----------------------------------------------------------------------------- intervention

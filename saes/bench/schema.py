@@ -117,6 +117,16 @@ def schemas() -> dict[str, dict]:
     return found
 
 
+# eval_type_id -> the schema of an eval type of this project's own that sae-bench has none for (the image evals,
+# saes/bench/evals/image.py): SAEBench's envelope, validated without the wheel
+LOCAL_SCHEMAS: dict[str, dict] = {}
+
+
+def register_schema(type_id: str, schema: dict) -> None:
+    """The JSON schema of an eval type sae-bench does not have (`validate` uses it, with or without the wheel)."""
+    LOCAL_SCHEMAS[type_id] = schema
+
+
 def validate(result: dict) -> None:
     """Check one result against SAEBench's schema for its eval_type_id; a SchemaError naming the first problem."""
     import jsonschema
@@ -125,7 +135,7 @@ def validate(result: dict) -> None:
     if missing:
         raise SchemaError(f"the result lacks SAEBench's field(s) {', '.join(missing)}")
     type_id = result["eval_type_id"]
-    known = schemas()
+    known = {**LOCAL_SCHEMAS, **schemas()} if type_id not in LOCAL_SCHEMAS else LOCAL_SCHEMAS
     if type_id not in known:
         raise SchemaError(f"sae-bench {SAEBENCH_VERSION} has no schema for eval type {type_id!r}; it has: "
                           f"{', '.join(sorted(known))}")
@@ -137,7 +147,11 @@ def validate(result: dict) -> None:
 
 
 def check_or_note(result: dict) -> bool:
-    """Validate when sae-bench is installed (True); without it, a note on stderr and False."""
+    """Validate when sae-bench is installed or the eval type is this project's own (True); else a note on stderr
+    and False."""
+    if result.get("eval_type_id") in LOCAL_SCHEMAS:
+        validate(result)
+        return True
     try:
         schemas()
     except ImportError as err:
@@ -167,6 +181,6 @@ def result_path(out_dir: str | os.PathLike, sae_name: str, eval_name: str) -> Pa
     return Path(out_dir) / eval_name / f"{RELEASE_ID}_{sae_name}_eval_results.json"
 
 
-__all__ = ["ENVELOPE_FIELDS", "INSTALL_HINT", "RELEASE_ID", "SAEBENCH_VERSION", "SchemaError", "check_or_note",
-           "envelope", "project_commit", "result_path", "sae_cfg_dict", "schema_dir", "schemas", "validate",
-           "write_result"]
+__all__ = ["ENVELOPE_FIELDS", "INSTALL_HINT", "LOCAL_SCHEMAS", "RELEASE_ID", "SAEBENCH_VERSION", "SchemaError",
+           "check_or_note", "envelope", "project_commit", "register_schema", "result_path", "sae_cfg_dict",
+           "schema_dir", "schemas", "validate", "write_result"]
