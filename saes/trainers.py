@@ -412,6 +412,8 @@ class PAnnealTrainer:
         self.state = {"step": 0, "p": self.cfg.p_start, "next_p": None, "p_step_count": 0,
                       "sparsity_coeff": self.cfg.initial_sparsity_penalty, "queue": []}
         self.steps_since_fired = torch.zeros(config.d_sae, dtype=torch.long)
+        if _distributed():  # DDP: the gradient, the penalty's carried size and the firing counts of the global batch
+            average_gradients_across_ranks(self.sae)
 
     def prepare(self, first_batch: torch.Tensor) -> None:
         pass  # dictionary_learning starts b_dec at zero
@@ -429,7 +431,11 @@ class PAnnealTrainer:
         used_p, used_coeff = s["p"], s["sparsity_coeff"]
         scaled_lp = used_coeff * lp
         if s["next_p"] is not None:
-            pair = [float(lp.detach()), float(self.lp_norm(f.detach(), s["next_p"]))]
+            pair = torch.stack([lp.detach(), self.lp_norm(f.detach(), s["next_p"])])
+            if _distributed():  # means over rows: the ranks' mean is the global batch's
+                dist.all_reduce(pair)
+                pair /= world_size()
+            pair = pair.tolist()
             s["queue"] = (s["queue"] + [pair])[-self.cfg.sparsity_queue_length:]
         if s["p_step_count"] < len(self.update_steps) and s["step"] >= self.update_steps[s["p_step_count"]]:
             if s["next_p"] is not None and s["queue"]:  # carry the penalty's size over to the next p
@@ -453,6 +459,10 @@ class PAnnealTrainer:
         with torch.no_grad():
             w /= w.norm(dim=1, keepdim=True)
             fired = (f > 0).any(0)
+            if _distributed():  # a latent fired if it fired on any rank
+                fired = fired.to(torch.uint8)
+                dist.all_reduce(fired, op=dist.ReduceOp.MAX)
+                fired = fired.bool()
             self.steps_since_fired[fired] = 0
             self.steps_since_fired[~fired] += 1
             residual = batch - x_hat

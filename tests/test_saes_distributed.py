@@ -25,7 +25,8 @@ from saes.train import TrainConfig, train
 
 D_IN, PER_RANK, WORLD, STEPS, D_SAE = 16, 32, 2, 6, 128
 CASES = {"topk": {}, "batchtopk": {}, "matryoshka": {"matryoshka_widths": [16, 128]},
-         "jumprelu": {"l0_coefficient": 0.1}, "standard": {"l1_coefficient": 0.5}, "lens-topk": {}}
+         "jumprelu": {"l0_coefficient": 0.1}, "standard": {"l1_coefficient": 0.5}, "lens-topk": {},
+         "gated": {"l1_coefficient": 0.5}, "p-anneal": {"warmup_steps": 2}}
 
 
 def global_batches(n: int = STEPS):
@@ -76,8 +77,11 @@ def test_every_trainer_under_two_gloo_ranks_equals_one_process_on_the_global_bat
                                        msg=f"{architecture} {name}")
         lens = single["trainer"].get("n_forward_passes_since_fired")
         if lens is not None:  # sae-lens' dead-latent counters: some latents died, and the same ones
-            assert (lens > 1).any() or architecture in ("jumprelu", "standard"), architecture  # dense: all fire
+            assert (lens > 1).any() or architecture in ("jumprelu", "standard", "gated"), architecture  # dense
             torch.testing.assert_close(ddp["trainer"]["n_forward_passes_since_fired"], lens)
+        elif "steps_since_fired" in single["trainer"]:  # p-anneal's counters, and its annealing state
+            torch.testing.assert_close(ddp["trainer"]["steps_since_fired"], single["trainer"]["steps_since_fired"])
+            assert ddp["trainer"]["state"] == pytest.approx(single["trainer"]["state"], rel=1e-5)
         else:
             assert (single["trainer"]["sae"]["tokens_since_fired"] >= PER_RANK * WORLD).any()
         rank0, rank1 = (torch.load(launch / "ddp" / architecture / f"inference{r}.pt") for r in (0, 1))
