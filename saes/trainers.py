@@ -404,11 +404,12 @@ class PAnnealTrainer:
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=config.lr)
         warmup = max(1, self.cfg.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(s / warmup, 1.0))
-        steps = max(1, config.total_tokens // config.batch_size)
+        global_batch = config.batch_size * world_size()  # under DDP, batch_size is each rank's share
+        steps = max(1, config.total_tokens // global_batch)
         start = int(self.cfg.anneal_start * steps)
         self.update_steps = torch.linspace(start, steps, self.cfg.n_sparsity_updates).long().tolist()
         self.p_values = torch.linspace(self.cfg.p_start, self.cfg.p_end, self.cfg.n_sparsity_updates).tolist()
-        self.dead_after_steps = max(1, config.dead_after_tokens // config.batch_size)
+        self.dead_after_steps = max(1, config.dead_after_tokens // global_batch)
         self.state = {"step": 0, "p": self.cfg.p_start, "next_p": None, "p_step_count": 0,
                       "sparsity_coeff": self.cfg.initial_sparsity_penalty, "queue": []}
         self.steps_since_fired = torch.zeros(config.d_sae, dtype=torch.long)
