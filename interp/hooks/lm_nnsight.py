@@ -62,6 +62,10 @@ _STATES: "weakref.WeakKeyDictionary[torch.nn.Module, NNsightState]" = weakref.We
 def wrap(hf_model, tokenizer) -> object:
     """nnsight's ``LanguageModel`` around a loaded Hugging Face causal LM; marks the model as nnsight-backed."""
     try:
+        # nnsight adds a `save` method to `object` itself when imported; beartype (which transformer-lens and
+        # sae-bench use) reads `object.__dict__` when it is first imported and fails on that method, so it is
+        # imported first, while `object` is still plain
+        import beartype  # noqa: F401
         import nnsight
     except ImportError as error:  # pragma: no cover - nnsight is in requirements.txt
         raise LMHookError(f"the nnsight backend needs the nnsight package ({error}); pip install nnsight") from None
