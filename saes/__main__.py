@@ -81,7 +81,11 @@ def _add_train_arguments(parser) -> None:
     parser.add_argument("--block", required=True, help="block name, e.g. unet.mid_block.attentions.0")
     parser.add_argument("--out", required=True, help="output directory: SAE, checkpoint, train_log.jsonl")
     parser.add_argument("--architecture", default="topk",
-                        help="topk (ours, fast), or sae-lens': batchtopk, matryoshka, jumprelu, standard, lens-topk")
+                        help="topk (ours, fast), or sae-lens': batchtopk, matryoshka, jumprelu, standard, lens-topk; "
+                             "transcoders (with --target-block): topk-transcoder, batchtopk-transcoder")
+    parser.add_argument("--target-block", default=None,
+                        help="transcoders: the block they write (blocks.L.hook_mlp_out; --block is then the MLP's "
+                             "input blocks.L.ln2.hook_normalized), from the same store")
     parser.add_argument("--d-sae", type=int, default=5120)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=4096)
@@ -112,19 +116,30 @@ def _train(args) -> int:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.set_num_threads(args.threads)
+    from .trainers import TRANSCODER_TRAINERS
+
     store, block = _open_store(args.store, args.block)
-    config = TrainConfig(architecture=args.architecture, d_in=_channels(store, block), d_sae=args.d_sae, k=args.k,
+    target = None
+    if (args.target_block is None) != (args.architecture not in TRANSCODER_TRAINERS):
+        raise ValueError(f"--target-block goes with a transcoder architecture ({', '.join(TRANSCODER_TRAINERS)}) "
+                         "and a transcoder architecture needs it")
+    metadata = _store_metadata(store, block, args.store)
+    if args.target_block is not None:
+        target = _open_store(args.store, args.target_block)[1]
+        metadata["hook_name_out"] = target
+    config = TrainConfig(architecture=args.architecture, d_in=_channels(store, block),
+                         d_out=_channels(store, target) if target else 0, d_sae=args.d_sae, k=args.k,
                          batch_size=args.batch_size, lr=args.lr, total_tokens=args.tokens,
                          dead_after_tokens=args.dead_after_tokens, options=_parse_options(args.option),
                          log_every_steps=args.log_every, checkpoint_every_steps=args.checkpoint_every,
-                         seed=args.seed, metadata=_store_metadata(store, block, args.store),
-                         autocast=args.autocast).validate()
+                         seed=args.seed, metadata=metadata, autocast=args.autocast).validate()
 
     def stream():
         """Epochs of shuffled batches, for as long as training asks; rank r takes every world-th batch.
         Under DDP only full batches are used, so that every rank counts the same tokens per step."""
         for epoch in itertools.count():
-            batches = store.batches(block, batch_size=args.batch_size, shuffle=True, seed=args.seed + epoch)
+            batches = store.batches(block, batch_size=args.batch_size, shuffle=True, seed=args.seed + epoch,
+                                    paired=target)
             if world > 1:
                 batches = (batch for batch in batches if len(batch) == args.batch_size)
             yielded = 0

@@ -36,7 +36,15 @@ from .lm_sites import LMHookError, lm_sites, register_stream_hooks
 from .scoped import ScopedHooks
 
 RESIDUAL_HOOKS = ("resid_pre", "resid_mid", "resid_post")
-_NAME = re.compile(r"^blocks\.(\d+)\.hook_(resid_pre|resid_mid|resid_post)$")
+# The MLP side's own input (normalised as the MLP reads it) and output, what a transcoder reads and writes:
+# TransformerLens' names for them -> the site table's kinds (`register_stream_hooks`).
+MLP_HOOKS = {"ln2.hook_normalized": "mlp_in", "hook_mlp_out": "mlp_out"}
+_NAME = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|ln2\.hook_normalized|hook_mlp_out)$")
+
+
+def mlp_hook_names(layer: int) -> tuple[str, str]:
+    """(the MLP's input, its output) hook names of ``layer``: what a transcoder of that layer reads and writes."""
+    return f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out"
 
 
 def residual_hook_names(n_layers: int, hooks: Iterable[str] = RESIDUAL_HOOKS) -> list[str]:
@@ -47,15 +55,18 @@ def residual_hook_names(n_layers: int, hooks: Iterable[str] = RESIDUAL_HOOKS) ->
 
 def _describe_valid(n_layers: int) -> str:
     return (f"valid names are blocks.{{l}}.hook_resid_pre|resid_mid|resid_post for l in 0..{n_layers - 1} "
-            f"(e.g. blocks.0.hook_resid_pre, blocks.{n_layers - 1}.hook_resid_post)")
+            f"(e.g. blocks.0.hook_resid_pre, blocks.{n_layers - 1}.hook_resid_post), and the MLP's input and output "
+            f"blocks.{{l}}.ln2.hook_normalized, blocks.{{l}}.hook_mlp_out")
 
 
 def parse_hook_name(name: str, n_layers: int) -> tuple[int, str]:
-    """``"blocks.3.hook_resid_post"`` -> ``(3, "resid_post")``; a clear error for anything else."""
+    """``"blocks.3.hook_resid_post"`` -> ``(3, "resid_post")`` (``ln2.hook_normalized`` -> ``"mlp_in"``,
+    ``hook_mlp_out`` -> ``"mlp_out"``); a clear error for anything else."""
     match = _NAME.match(name)
     if match is None or int(match.group(1)) >= n_layers:
         raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(n_layers)}")
-    return int(match.group(1)), match.group(2)
+    site = match.group(2)
+    return int(match.group(1)), MLP_HOOKS.get(site) or site[len("hook_"):]
 
 
 def decoder_layers(model) -> torch.nn.ModuleList:
@@ -79,7 +90,10 @@ def check_hooks(lm, names: Iterable[str]) -> None:
     names = list(names)
     parsed = [parse_hook_name(name, lm.n_layers) for name in names]
     if lm.backend == "transformer_lens":
-        for name in names:
+        for name, (_, hook) in zip(names, parsed):
+            if hook in ("mlp_in", "mlp_out"):
+                raise LMHookError(f"{name}: the MLP's input and output are read on the Hugging Face backend only "
+                                  "(load the model with backend 'hf')")
             if name not in lm.model.hook_dict:
                 raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(lm.n_layers)}")
         return
@@ -330,6 +344,6 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
     return torch.cat(out)
 
 
-__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "capture_residuals", "check_hooks",
+__all__ = ["MLP_HOOKS", "RESIDUAL_HOOKS", "mlp_hook_names", "LMHookError", "ResidualCapture", "capture_residuals", "check_hooks",
            "decoder_layers", "format_prompts", "right_padded", "language_model", "last_token_residuals", "model_sites", "parse_hook_name",
            "residual_capture", "residual_hook_names", "strip_trailing_punctuation"]
