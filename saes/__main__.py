@@ -84,8 +84,8 @@ def _add_train_arguments(parser) -> None:
                         help="topk (ours, fast), or sae-lens': batchtopk, matryoshka, jumprelu, standard, lens-topk; "
                              "transcoders (with --target-block): topk-transcoder, batchtopk-transcoder")
     parser.add_argument("--target-block", default=None,
-                        help="transcoders: the block they write (blocks.L.hook_mlp_out; --block is then the MLP's "
-                             "input blocks.L.ln2.hook_normalized), from the same store")
+                        help="transcoders: the block they write (blocks.L.mlp.hook_out; --block is then the MLP's "
+                             "input blocks.L.mlp.hook_in), from the same store")
     parser.add_argument("--d-sae", type=int, default=5120)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=4096)
@@ -495,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     from .causal import add_causal_arguments
+    from .circuits import add_fidelity_arguments, add_graph_arguments, fidelity_command, graph_command
 
     for name, help_text, add_arguments, command in (
         ("train", "train an SAE on one block of an activation store (resumable)", _add_train_arguments, _train),
@@ -511,6 +512,10 @@ def main(argv: list[str] | None = None) -> int:
          _probe),
         ("import-sdxl", "convert a published SDXL Turbo SAE (state_dict.pth) to sae-lens format",
          _add_import_sdxl_arguments, _import_sdxl),
+        ("graph", "a prompt's attribution graph from per-layer transcoders (circuit-tracer's JSON), and feature "
+                  "ablations beside its predictions", add_graph_arguments, graph_command),
+        ("transcoder-eval", "the replacement model's fidelity with every MLP replaced by its transcoder (CE "
+                            "recovered, KL)", add_fidelity_arguments, fidelity_command),
     ):
         sub = commands.add_parser(name, help=help_text)
         add_arguments(sub)

@@ -51,7 +51,7 @@ class GraphError(ValueError):
 # ----------------------------------------------------------------------------- transcoders
 
 def load_transcoders(root: str | os.PathLike, lm, model_name: str | None = None) -> dict[int, SAE]:
-    """{layer: transcoder} from ``root/<blocks.L.ln2.hook_normalized>/`` (one sae-lens directory each), checked
+    """{layer: transcoder} from ``root/<blocks.L.mlp.hook_in>/`` (one sae-lens directory each), checked
     against the model: a transcoder for every layer, each reading and writing d_model, trained on this model."""
     from interp.hooks.lm import parse_hook_name
 
@@ -68,7 +68,7 @@ def load_transcoders(root: str | os.PathLike, lm, model_name: str | None = None)
         hook = sae.cfg.metadata.get("hook_name", name)
         layer, kind = parse_hook_name(hook, lm.n_layers) if hook.startswith("blocks.") else (None, None)
         if kind != "mlp_in":
-            raise GraphError(f"{root}/{name} reads {hook!r}, not an MLP's input (blocks.L.ln2.hook_normalized)")
+            raise GraphError(f"{root}/{name} reads {hook!r}, not an MLP's input (blocks.L.mlp.hook_in)")
         if sae.cfg.d_in != lm.d_model or sae.cfg.d_out != lm.d_model:
             raise GraphError(f"the transcoder of layer {layer} maps {sae.cfg.d_in} -> {sae.cfg.d_out} channels, "
                              f"but {lm.name} has d_model={lm.d_model}: it was trained on another model")
@@ -574,10 +574,8 @@ def real_effects(lm, graph: AttributionGraph, transcoders: dict[int, SAE], nodes
     """(n_logits,) the real model's change of each target's demeaned logit when the feature nodes ``nodes`` have
     their decoder contribution scaled to ``scale`` times (0: removed) in the MLP output of their layer and position;
     attention, norms and every MLP downstream are the real model's."""
-    from interp.hooks.lm import mlp_hook_names, residual_capture  # noqa: F401  (names documented there)
-    from interp.hooks.lm_sites import lm_sites
+    from interp.hooks.lm_replace import MLPOutputEdit
 
-    sites = lm_sites(lm.model)
     by_layer: dict[int, list[tuple[int, torch.Tensor]]] = {}
     for node in nodes:
         if not 0 <= node < graph.n_features:
@@ -585,27 +583,77 @@ def real_effects(lm, graph: AttributionGraph, transcoders: dict[int, SAE], nodes
         layer, pos, feat = graph.features[node].tolist()
         change = (scale - 1.0) * graph.activations[node] * transcoders[layer].W_dec[feat].double()
         by_layer.setdefault(layer, []).append((pos, change))
-    handles = []
-    for layer, changes in by_layer.items():
-        def on_mlp(module, args, output, changes=changes):
-            y = output[0] if isinstance(output, tuple) else output
+
+    def editor(changes):
+        def edit(x, y):
             y = y.clone()
             for pos, change in changes:
                 y[:, pos] += change.to(y.dtype)
-            return (y,) + tuple(output[1:]) if isinstance(output, tuple) else y
+            return y
+        return edit
 
-        handles.append(sites.mlp_module(layer).register_forward_hook(on_mlp))
     ids = torch.tensor([graph.tokens], device=next(lm.model.parameters()).device)
-    try:
-        with torch.no_grad():
-            edited = lm.model(input_ids=ids).logits[0, -1].double()
-    finally:
-        for handle in handles:
-            handle.remove()
+    with torch.no_grad(), MLPOutputEdit(lm, {layer: editor(c) for layer, c in by_layer.items()}):
+        edited = lm.model(input_ids=ids).logits[0, -1].double()
     with torch.no_grad():
         clean = lm.model(input_ids=ids).logits[0, -1].double()
     targets = graph.logit_tokens
     return (edited[targets] - edited.mean()) - (clean[targets] - clean.mean())
+
+
+def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[int]], batch_size: int = 8) -> dict:
+    """The replacement model's next-token fidelity with every MLP replaced by its transcoder at positions 1..
+    (the start token keeps its MLP, as in training): CE of the clean model, the replaced one and one with every
+    MLP's output zeroed there; CE recovered = (CE_zero - CE_replaced) / (CE_zero - CE_clean); KL(clean || replaced).
+    Predictions at positions 1 .. n - 2 are scored (as `saes.lm_eval.splice_losses`)."""
+    from interp.hooks.lm import right_padded
+    from interp.hooks.lm_replace import MLPOutputEdit
+
+    if not sequences:
+        raise GraphError("no sequence of at least 3 tokens to score")
+    missing = [layer for layer in range(lm.n_layers) if layer not in transcoders]
+    if missing:
+        raise GraphError(f"no transcoder for layer(s) {', '.join(map(str, missing))}")
+
+    def replaced(tc):
+        def edit(x, y):
+            out = tc(x.float()).to(y.dtype)
+            return torch.cat([y[:, :1], out[:, 1:]], 1)
+        return edit
+
+    def zeroed(x, y):
+        return torch.cat([y[:, :1], torch.zeros_like(y[:, 1:])], 1)
+
+    sums = {"ce_clean": 0.0, "ce_replaced": 0.0, "ce_zero": 0.0, "kl_replaced": 0.0, "kl_zero": 0.0}
+    n_scored = 0
+    sequences = sorted(sequences, key=len)
+    for start in range(0, len(sequences), batch_size):
+        chunk = sequences[start:start + batch_size]
+        ids, mask = right_padded(lm, chunk)
+        scored = torch.cat([torch.zeros(len(chunk), 1, dtype=torch.bool), mask[:, 2:].bool()], 1)
+        targets = ids[:, 1:]
+
+        def logprobs():
+            return lm.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float().log_softmax(-1)
+
+        with torch.no_grad():
+            clean = logprobs()
+            with MLPOutputEdit(lm, {layer: replaced(transcoders[layer]) for layer in range(lm.n_layers)}):
+                repl = logprobs()
+            with MLPOutputEdit(lm, {layer: zeroed for layer in range(lm.n_layers)}):
+                zero = logprobs()
+        for name, logp in (("clean", clean), ("replaced", repl), ("zero", zero)):
+            sums[f"ce_{name}"] += float(-logp.gather(-1, targets[..., None])[..., 0][scored].double().sum())
+        for name, logp in (("replaced", repl), ("zero", zero)):
+            sums[f"kl_{name}"] += float((clean.exp() * (clean - logp)).sum(-1)[scored].double().sum())
+        n_scored += int(scored.sum())
+    means = {k: v / n_scored for k, v in sums.items()}
+    gap = means["ce_zero"] - means["ce_clean"]
+    return {"scored_tokens": n_scored, "sequences": len(sequences), "ce_loss_clean": means["ce_clean"],
+            "ce_loss_replaced": means["ce_replaced"], "ce_loss_mlps_zeroed": means["ce_zero"],
+            "ce_recovered": (means["ce_zero"] - means["ce_replaced"]) / gap if abs(gap) > 1e-12 else None,
+            "kl_clean_replaced": means["kl_replaced"], "kl_clean_mlps_zeroed": means["kl_zero"],
+            "replaced": "every layer's MLP output at positions 1.. (the start token keeps its MLP)"}
 
 
 def top_feature_nodes(graph: AttributionGraph, n: int, pruned: Pruned | None = None) -> list[int]:
@@ -635,5 +683,104 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 __all__ = ["AttributionGraph", "GraphError", "Pruned", "attribute", "graph_json", "graph_scores",
-           "load_transcoders", "normalize_matrix", "predicted_effects", "prune", "real_effects", "spearman",
+           "load_transcoders", "normalize_matrix", "predicted_effects", "prune", "real_effects", "replacement_fidelity", "spearman",
            "tokenize_prompt", "top_feature_nodes", "total_influence", "write_graph_files"]
+
+
+# ----------------------------------------------------------------------------- command lines
+
+def add_graph_arguments(parser) -> None:
+    """`saes graph`: a prompt's attribution graph, written in circuit-tracer's JSON."""
+    from interp.cli import add_dtype_argument, at_least
+
+    parser.add_argument("--model", required=True, help="e.g. toy-chat")
+    parser.add_argument("--transcoders", required=True, help="a directory with one transcoder per layer "
+                        "(blocks.L.mlp.hook_in/), e.g. saes/pretrained/toy-chat-transcoders")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--chat", action="store_true", help="render the prompt in the model's chat template")
+    parser.add_argument("--target", action="append", default=None, metavar="TOKEN",
+                        help="a target logit (token or id; repeatable); default: the likeliest tokens to 0.95")
+    parser.add_argument("--max-logits", type=at_least(1), default=10)
+    parser.add_argument("--node-threshold", type=float, default=0.8)
+    parser.add_argument("--edge-threshold", type=float, default=0.98)
+    parser.add_argument("--batch-size", type=at_least(1), default=32, help="targets per backward pass")
+    parser.add_argument("--ablate-top", type=int, default=0, metavar="N",
+                        help="also ablate the N most influential features one at a time: the real model's logit "
+                             "change beside the graph's prediction")
+    parser.add_argument("--out", required=True, help="output directory (<slug>.json + graph-metadata.json)")
+    parser.add_argument("--slug", default="graph")
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    add_dtype_argument(parser)
+
+
+def graph_command(args) -> int:
+    from interp.cli import lm_dtype
+    from interp.models.lm import load_lm
+
+    for name in ("node_threshold", "edge_threshold"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            raise GraphError(f"--{name.replace('_', '-')} must be between 0 and 1")
+    if not 0 <= args.ablate_top <= 100:
+        raise GraphError("--ablate-top must be in 0..100")
+    if not args.slug or any(c in args.slug for c in "/\\") or args.slug.startswith("."):
+        raise GraphError(f"--slug {args.slug!r} must be a plain file name")
+    torch.set_num_threads(args.threads)
+    lm = load_lm(args.model, dtype=lm_dtype(args.dtype))
+    transcoders = load_transcoders(args.transcoders, lm, model_name=args.model)
+    graph = attribute(lm, transcoders, args.prompt, args.target, max_n_logits=min(args.max_logits, MAX_LOGITS),
+                      batch_size=min(args.batch_size, MAX_BATCH), chat=args.chat, model_name=args.model,
+                      scan=Path(args.transcoders).name)
+    path = write_graph_files(graph, args.out, args.slug, args.node_threshold, args.edge_threshold)
+    pruned = prune(graph, args.node_threshold, args.edge_threshold)
+    scores = graph_scores(graph)
+    print(f"wrote {path}: {graph.n_features} active features, {int(pruned.node_mask.sum())} nodes and "
+          f"{int(pruned.edge_mask.sum())} edges kept; replacement score {scores['replacement_score']:.3f}, "
+          f"completeness {scores['completeness_score']:.3f}")
+    print("targets: " + ", ".join(f"{s!r} p={float(p):.3f}" for s, p in zip(graph.logit_strings,
+                                                                          graph.logit_probabilities)))
+    if args.ablate_top:
+        print(f"ablating one feature at a time; change of the demeaned logit of {graph.logit_strings[0]!r}:")
+        print("| node | layer | position | feature | activation | predicted | real |\n|---|---|---|---|---|---|---|")
+        for node in top_feature_nodes(graph, args.ablate_top, pruned):
+            layer, pos, feat = graph.features[node].tolist()
+            predicted = float(predicted_effects(graph, [node])[0])
+            real = float(real_effects(lm, graph, transcoders, [node])[0])
+            print(f"| {node} | {layer} | {pos} ({graph.token_strings[pos]!r}) | {feat} | "
+                  f"{float(graph.activations[node]):.3f} | {predicted:+.4f} | {real:+.4f} |")
+    return 0
+
+
+def add_fidelity_arguments(parser) -> None:
+    """`saes transcoder-eval`: the replacement model's next-token fidelity on held-out text."""
+    from interp.cli import add_dtype_argument, at_least
+
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--transcoders", required=True)
+    parser.add_argument("--text", required=True, help="held-out text (JSONL or lines)")
+    parser.add_argument("--tokens", type=at_least(1), default=20000, help="scored tokens (at most)")
+    parser.add_argument("--context", type=at_least(3), default=128)
+    parser.add_argument("--out", required=True, help="fidelity JSON")
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    add_dtype_argument(parser)
+
+
+def fidelity_command(args) -> int:
+    from interp.cli import lm_dtype
+    from interp.lm_text import read_documents, token_sequences
+    from interp.models.lm import load_lm
+
+    from .lm_eval import scored_sequences
+    from .strict_json import write_json
+
+    torch.set_num_threads(args.threads)
+    documents = read_documents(args.text)
+    lm = load_lm(args.model, dtype=lm_dtype(args.dtype))
+    transcoders = load_transcoders(args.transcoders, lm, model_name=args.model)
+    sequences = scored_sequences(token_sequences(lm.tokenizer, documents, min(args.context, lm.n_ctx)), args.tokens)
+    result = {"model": args.model, "transcoders": str(args.transcoders), "text": str(args.text),
+              **replacement_fidelity(lm, transcoders, sequences)}
+    result["per_layer"] = {str(layer): {k: tc.cfg.metadata.get(k) for k in ("trained_tokens",)}
+                           for layer, tc in transcoders.items()}
+    write_json(args.out, result, indent=2)
+    print(json.dumps({k: v for k, v in result.items() if k != "per_layer"}, indent=1))
+    return 0

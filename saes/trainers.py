@@ -266,7 +266,7 @@ class _TranscoderTrainer:
         self.options = {**self.OPTIONS, **config.options}
         if not config.d_out:
             raise ValueError(f"{self.architecture} trains on (input, target) pairs: give the store's output hook "
-                             "(saes train --target-block blocks.L.hook_mlp_out)")
+                             "(saes train --target-block blocks.L.mlp.hook_out)")
         if not 0 < config.k <= config.d_sae:
             raise ValueError(f"k must be in 1..d_sae, got k={config.k} with d_sae={config.d_sae}")
         self.d_in, self.d_out, self.k, self.d_sae = config.d_in, config.d_out, config.k, config.d_sae

@@ -80,7 +80,7 @@ def test_topk_transcoder_trains_on_pairs(tmp_path):
     for architecture in ("topk-transcoder", "batchtopk-transcoder"):
         config = TrainConfig(architecture=architecture, d_in=12, d_out=10, d_sae=64, k=8, batch_size=256, lr=3e-3,
                              total_tokens=256 * 150, log_every_steps=50, checkpoint_every_steps=1000,
-                             options={"skip": True}, metadata={"hook_name": "blocks.0.ln2.hook_normalized"})
+                             options={"skip": True}, metadata={"hook_name": "blocks.0.mlp.hook_in"})
         tc = train(config, batches(), tmp_path / architecture, progress=False)
         x = torch.randn(2000, 12)
         y = (x @ W1).relu() @ W2
@@ -100,12 +100,12 @@ def test_mlp_sites_capture_the_mlp_input_and_output():
 
     lm = _tiny(tiny_gpt2(40, layers=2))
     ids = torch.tensor([[2, 5, 6, 7]])
-    acts = capture_residuals(lm, ids, names=["blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out",
+    acts = capture_residuals(lm, ids, names=["blocks.1.mlp.hook_in", "blocks.1.mlp.hook_out",
                                              "blocks.1.hook_resid_mid"])
     block = lm.model.transformer.h[1]
     expected_in = block.ln_2(acts["blocks.1.hook_resid_mid"])
-    assert torch.allclose(acts["blocks.1.ln2.hook_normalized"], expected_in, atol=1e-6)
-    assert torch.allclose(acts["blocks.1.hook_mlp_out"], block.mlp(expected_in), atol=1e-6)
+    assert torch.allclose(acts["blocks.1.mlp.hook_in"], expected_in, atol=1e-6)
+    assert torch.allclose(acts["blocks.1.mlp.hook_out"], block.mlp(expected_in), atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- exactness
@@ -172,12 +172,12 @@ def test_bad_graph_requests_get_one_clear_line(tmp_path):
     with pytest.raises(GraphError, match="trained on another model"):
         attribute(lm, other, TEXT)
     for layer, tc in tcs.items():
-        tc.cfg.metadata["hook_name"] = f"blocks.{layer}.ln2.hook_normalized"
-        tc.save(tmp_path / "set" / f"blocks.{layer}.ln2.hook_normalized")
+        tc.cfg.metadata["hook_name"] = f"blocks.{layer}.mlp.hook_in"
+        tc.save(tmp_path / "set" / f"blocks.{layer}.mlp.hook_in")
     assert sorted(load_transcoders(tmp_path / "set", lm, model_name="tiny")) == [0, 1]
     with pytest.raises(GraphError, match="trained on tiny, not on toy-chat"):
         load_transcoders(tmp_path / "set", lm, model_name="toy-chat")
-    (tmp_path / "set" / "blocks.1.ln2.hook_normalized" / "cfg.json").unlink()
+    (tmp_path / "set" / "blocks.1.mlp.hook_in" / "cfg.json").unlink()
     with pytest.raises(GraphError, match=r"no transcoder for layer\(s\) 1"):
         load_transcoders(tmp_path / "set", lm)
 

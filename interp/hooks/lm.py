@@ -36,15 +36,17 @@ from .lm_sites import LMHookError, lm_sites, register_stream_hooks
 from .scoped import ScopedHooks
 
 RESIDUAL_HOOKS = ("resid_pre", "resid_mid", "resid_post")
-# The MLP side's own input (normalised as the MLP reads it) and output, what a transcoder reads and writes:
-# TransformerLens' names for them -> the site table's kinds (`register_stream_hooks`).
-MLP_HOOKS = {"ln2.hook_normalized": "mlp_in", "hook_mlp_out": "mlp_out"}
-_NAME = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|ln2\.hook_normalized|hook_mlp_out)$")
+# The MLP side's own input (normalised as the MLP reads it, after the norm's gain and bias) and output, what a
+# transcoder reads and writes: TransformerLens' TransformerBridge names for them (circuit-tracer's
+# feature_input_hook / feature_output_hook of its llama transcoders) -> the site table's kinds
+# (`register_stream_hooks`). (A HookedTransformer's ln2.hook_normalized is before the norm's gain and bias.)
+MLP_HOOKS = {"mlp.hook_in": "mlp_in", "mlp.hook_out": "mlp_out"}
+_NAME = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|mlp\.hook_in|mlp\.hook_out)$")
 
 
 def mlp_hook_names(layer: int) -> tuple[str, str]:
     """(the MLP's input, its output) hook names of ``layer``: what a transcoder of that layer reads and writes."""
-    return f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out"
+    return f"blocks.{layer}.mlp.hook_in", f"blocks.{layer}.mlp.hook_out"
 
 
 def residual_hook_names(n_layers: int, hooks: Iterable[str] = RESIDUAL_HOOKS) -> list[str]:
@@ -56,12 +58,12 @@ def residual_hook_names(n_layers: int, hooks: Iterable[str] = RESIDUAL_HOOKS) ->
 def _describe_valid(n_layers: int) -> str:
     return (f"valid names are blocks.{{l}}.hook_resid_pre|resid_mid|resid_post for l in 0..{n_layers - 1} "
             f"(e.g. blocks.0.hook_resid_pre, blocks.{n_layers - 1}.hook_resid_post), and the MLP's input and output "
-            f"blocks.{{l}}.ln2.hook_normalized, blocks.{{l}}.hook_mlp_out")
+            f"blocks.{{l}}.mlp.hook_in, blocks.{{l}}.mlp.hook_out")
 
 
 def parse_hook_name(name: str, n_layers: int) -> tuple[int, str]:
-    """``"blocks.3.hook_resid_post"`` -> ``(3, "resid_post")`` (``ln2.hook_normalized`` -> ``"mlp_in"``,
-    ``hook_mlp_out`` -> ``"mlp_out"``); a clear error for anything else."""
+    """``"blocks.3.hook_resid_post"`` -> ``(3, "resid_post")`` (``mlp.hook_in`` -> ``"mlp_in"``,
+    ``mlp.hook_out`` -> ``"mlp_out"``); a clear error for anything else."""
     match = _NAME.match(name)
     if match is None or int(match.group(1)) >= n_layers:
         raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(n_layers)}")

@@ -185,9 +185,34 @@ class ReplacementPass(ScopedHooks):
                               "patterns cannot be frozen for an attribution graph")
 
 
+class MLPOutputEdit(ScopedHooks):
+    """Each MLP of ``edits`` ({layer: f(mlp_input, mlp_output) -> new output}) has its output replaced by what
+    its function returns, in this context's forward passes only; nothing is frozen (the real model runs)."""
+
+    def __init__(self, lm, edits: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]):
+        self.lm = lm = language_model(lm)
+        if lm.backend != "hf":
+            raise LMHookError("MLP edits run on the Hugging Face backend (load the model with backend 'hf')")
+        self.sites = lm_sites(lm.model)
+        self.edits = dict(edits)
+        self._handles: list = []
+
+    def _register(self) -> None:
+        for layer, edit in self.edits.items():
+            def on_mlp(module, args, kwargs, output, edit=edit):
+                if not self._active():
+                    return None
+                x = args[0] if args else kwargs["hidden_states"]
+                y = output[0] if isinstance(output, tuple) else output
+                new = edit(x, y)
+                return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
+
+            self._handles.append(self.sites.mlp_module(layer).register_forward_hook(on_mlp, with_kwargs=True))
+
+
 def replacement_pass(lm, replace, layers=None) -> ReplacementPass:
     """Context manager of the local replacement model's forward passes (see `ReplacementPass`)."""
     return ReplacementPass(lm, replace, layers)
 
 
-__all__ = ["FROZEN_ATTENTION", "ReplacementPass", "frozen_norm", "replacement_pass"]
+__all__ = ["FROZEN_ATTENTION", "MLPOutputEdit", "ReplacementPass", "frozen_norm", "replacement_pass"]
