@@ -111,6 +111,17 @@ def main(argv=None) -> int:
         ours_pruned, theirs_pruned = prune(ours), prune_graph(theirs)
         result.update(edges=int(edges.sum()), pearson=corr,
                       max_abs_difference=float((a - b).abs().max()), max_abs_edge=float(a.abs().max()),
+                      max_abs_difference_by_source={
+                          name: float((a - b)[:, cols].abs().max()) for name, cols in (
+                              ("features", slice(0, ours.error_start)),
+                              ("errors", slice(ours.error_start, ours.token_start)),
+                              ("tokens", slice(ours.token_start, ours.logit_start)))},
+                      max_abs_difference_error_columns_by_position=[
+                          float((a - b)[:, [ours.error_index(l, pos) for l in range(ours.n_layers)]].abs().max())
+                          for pos in range(ours.n_pos)],
+                      max_abs_difference_by_target={
+                          "features": float((a - b)[:ours.n_features].abs().max()),
+                          "logits": float((a - b)[ours.logit_start:].abs().max())},
                       pruned_nodes_ours=int(ours_pruned.node_mask.sum()),
                       pruned_nodes_theirs=int(theirs_pruned.node_mask.sum()),
                       pruned_nodes_same=bool(torch.equal(ours_pruned.node_mask, theirs_pruned.node_mask)))
