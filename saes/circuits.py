@@ -41,7 +41,7 @@ from .sae import SAE, SAEFormatError, load_sae_set
 # Bounds of one request (checked before any work).
 MAX_LOGITS = 50
 MAX_BATCH = 1024
-MAX_FEATURE_NODES = 50_000
+MAX_FEATURE_NODES = 20_000  # the dense adjacency of 20k nodes is 1.6 GB in float32
 
 
 class GraphError(ValueError):
@@ -727,8 +727,8 @@ def graph_command(args) -> int:
     torch.set_num_threads(args.threads)
     lm = load_lm(args.model, dtype=lm_dtype(args.dtype))
     transcoders = load_transcoders(args.transcoders, lm, model_name=args.model)
-    graph = attribute(lm, transcoders, args.prompt, args.target, max_n_logits=min(args.max_logits, MAX_LOGITS),
-                      batch_size=min(args.batch_size, MAX_BATCH), chat=args.chat, model_name=args.model,
+    graph = attribute(lm, transcoders, args.prompt, args.target, max_n_logits=args.max_logits,
+                      batch_size=args.batch_size, chat=args.chat, model_name=args.model,
                       scan=Path(args.transcoders).name)
     path = write_graph_files(graph, args.out, args.slug, args.node_threshold, args.edge_threshold)
     pruned = prune(graph, args.node_threshold, args.edge_threshold)

@@ -251,3 +251,27 @@ def test_intervention_real_and_predicted_for_a_last_layer_feature():
     assert (predicted.sign() == real.sign()).float().mean() >= 0.5  # the same edit, seen linearly and for real
     with pytest.raises(GraphError, match="not a feature node"):
         predicted_effects(graph, [graph.n_features])
+
+
+def test_graph_command_on_the_shipped_toy_chat_transcoders(tmp_path, capsys):
+    """The command line end to end on the embedded chat model: the sort example's answer is the target, the JSON
+    is written, and a bad request is one `error:` line with nothing written."""
+    from saes.__main__ import main
+
+    root = "saes/pretrained/toy-chat-transcoders"
+    assert main(["graph", "--model", "toy-chat", "--transcoders", root, "--prompt", "Sort: 84 48 7", "--chat",
+                 "--out", str(tmp_path / "g"), "--slug", "sort", "--ablate-top", "2"]) == 0
+    data = json.loads((tmp_path / "g" / "sort.json").read_text())
+    logits = [n for n in data["nodes"] if n["feature_type"] == "logit"]
+    assert logits[0]["is_target_logit"] and '"7"' in logits[0]["clerp"]
+    assert "| node | layer |" in capsys.readouterr().out
+    for argv, message in ((["--target", "99999"], "outside the vocabulary"),
+                          (["--node-threshold", "1.5"], "between 0 and 1"),
+                          (["--prompt", " ".join(["7"] * 200)], "past the model's context")):
+        args = ["graph", "--model", "toy-chat", "--transcoders", root, "--prompt", "Sort: 84 48 7",
+                "--out", str(tmp_path / "bad")] + argv
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error:")]  # (besides transformers' bar)
+        assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
+        assert not (tmp_path / "bad").exists()
