@@ -189,7 +189,8 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     ``targets``: logit targets (token strings or ids); None: circuit-tracer's choice, the most probable tokens
     until their probabilities add up to ``desired_logit_prob`` (at most ``max_n_logits``). ``zero_bos``: no
     features at position 0 (the start token, which transcoders never see in training; its MLP output is an
-    error node), as circuit-tracer does. ``max_feature_nodes``: refuse prompts with more active features."""
+    error node), as circuit-tracer does. ``max_feature_nodes``: at most this many feature nodes, visited in order of
+    their running influence on the logits (circuit-tracer's option; the others are left out of the graph)."""
     if not 1 <= max_n_logits <= MAX_LOGITS:
         raise GraphError(f"max_n_logits must be in 1..{MAX_LOGITS}, got {max_n_logits}")
     if not 0 < desired_logit_prob <= 1:
@@ -283,9 +284,10 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
         feature_rows.append(torch.stack([torch.full_like(pos, layer), pos, feat], 1))
     features = torch.cat(feature_rows) if feature_rows else torch.zeros(0, 3, dtype=torch.long)
     n_features = len(features)
-    if n_features > limit:
-        raise GraphError(f"the prompt has {n_features} active features, more than max_feature_nodes={limit}: "
-                         "give a shorter prompt or raise the limit")
+    if n_features > MAX_FEATURE_NODES:
+        raise GraphError(f"the prompt has {n_features} active features, more than {MAX_FEATURE_NODES} (a dense graph "
+                         "of them would not fit): give a shorter prompt, or --max-feature-nodes to visit the most "
+                         "influential ones only")
     activations = torch.stack([state[int(l)]["acts"][int(p), int(f)] for l, p, f in features.tolist()]) \
         if n_features else torch.zeros(0, dtype=cdt)
     layer_slices, start = [], 0
@@ -328,19 +330,42 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
         n = len(chunk)
         scalar = (final[:n, -1, :] * chunk).sum()
         adjacency[logit_start + start:logit_start + start + n, :logit_start] = rows_for(scalar, n_layers, n)
-    # feature rows, layer by layer (sources: earlier layers only)
+    # feature rows, in batches of one layer each (sources: earlier layers only)
     feature_inputs = torch.zeros(n_features, dtype=cdt)
-    for layer in range(n_layers):
-        sl = layer_slices[layer]
-        tc = transcoders[layer]
-        for start in range(sl.start, sl.stop, rows_per_pass):
-            idx = torch.arange(start, min(start + rows_per_pass, sl.stop))
-            n = len(idx)
-            encoders = tc.W_enc[:, features[idx, 2]].T.to(mlp_inputs[layer].dtype)  # (n, d)
-            picked = mlp_inputs[layer][torch.arange(n), features[idx, 1]]  # (n, d)
-            values = (picked * encoders).sum(-1)
-            feature_inputs[idx] = values.detach().to(cdt)
-            adjacency[idx] = torch.cat([rows_for(values.sum(), layer, n), torch.zeros(n, n_logits, dtype=cdt)], 1)
+
+    def feature_rows(indices: torch.Tensor) -> None:
+        for layer in indices_layers(indices):
+            chosen = indices[features[indices, 0] == layer]
+            tc = transcoders[layer]
+            for start in range(0, len(chosen), rows_per_pass):
+                idx = chosen[start:start + rows_per_pass]
+                n = len(idx)
+                encoders = tc.W_enc[:, features[idx, 2]].T.to(mlp_inputs[layer].dtype)  # (n, d)
+                picked = mlp_inputs[layer][torch.arange(n), features[idx, 1]]  # (n, d)
+                values = (picked * encoders).sum(-1)
+                feature_inputs[idx] = values.detach().to(cdt)
+                adjacency[idx] = torch.cat([rows_for(values.sum(), layer, n),
+                                            torch.zeros(n, n_logits, dtype=cdt)], 1)
+
+    def indices_layers(indices: torch.Tensor) -> list[int]:
+        return sorted(set(features[indices, 0].tolist()))
+
+    visited = torch.zeros(n_features, dtype=torch.bool)
+    if n_features <= limit:
+        feature_rows(torch.arange(n_features))
+        visited[:] = True
+    else:
+        # circuit-tracer's max_feature_nodes: visit features in order of their influence on the logits through
+        # the rows computed so far, a few batches at a time, until `limit` have rows; the rest are left out
+        weights = torch.zeros(n_nodes, dtype=cdt)
+        weights[logit_start:] = probabilities[target_ids].to(cdt)
+        while int(visited.sum()) < limit:
+            influence = total_influence(normalize_matrix(adjacency), weights)[:n_features]
+            influence[visited] = -1
+            take = min(4 * rows_per_pass, limit - int(visited.sum()))
+            chosen = torch.argsort(influence, descending=True)[:take]
+            feature_rows(chosen)
+            visited[chosen] = True
 
     values = torch.zeros(n_nodes, dtype=cdt)
     values[:n_features] = activations
@@ -348,6 +373,10 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     values[n_features + n_layers * n_pos:logit_start] = token_vecs.norm(dim=-1)
     values[logit_start:] = (logits[target_ids] - logits.mean()) if logit_scale == 1.0 else \
         torch.stack([(final[0, -1].to(cdt) * v.to(cdt)).sum() for v in demeaned]).detach()
+    if not bool(visited.all()):
+        keep = torch.cat([visited.nonzero().flatten(), torch.arange(n_features, n_nodes)])
+        adjacency, values = adjacency[keep][:, keep], values[keep]
+        features, activations, feature_inputs = features[visited], activations[visited], feature_inputs[visited]
     tokenizer = lm.tokenizer
     decode = (lambda t: tokenizer.decode([t])) if tokenizer is not None else str
     return AttributionGraph(
@@ -356,6 +385,7 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
         logit_probabilities=probabilities[target_ids], adjacency=adjacency, values=values,
         feature_inputs=feature_inputs, model_name=model_name, scan=scan, error_norms=errors.norm(dim=-1),
         info={"dtype": str(dtype).removeprefix("torch."), "zero_bos": zero_bos, "n_active_features": n_features,
+              "n_feature_nodes": int(visited.sum()),
               "replacement_logit_drift": drift})
 
 
@@ -704,6 +734,8 @@ def add_graph_arguments(parser) -> None:
     parser.add_argument("--node-threshold", type=float, default=0.8)
     parser.add_argument("--edge-threshold", type=float, default=0.98)
     parser.add_argument("--batch-size", type=at_least(1), default=32, help="targets per backward pass")
+    parser.add_argument("--max-feature-nodes", type=at_least(1), default=None,
+                        help="visit at most this many features, most influential first (circuit-tracer's option)")
     parser.add_argument("--ablate-top", type=int, default=0, metavar="N",
                         help="also ablate the N most influential features one at a time: the real model's logit "
                              "change beside the graph's prediction")
@@ -729,6 +761,7 @@ def graph_command(args) -> int:
     transcoders = load_transcoders(args.transcoders, lm, model_name=args.model)
     graph = attribute(lm, transcoders, args.prompt, args.target, max_n_logits=args.max_logits,
                       batch_size=args.batch_size, chat=args.chat, model_name=args.model,
+                      max_feature_nodes=args.max_feature_nodes,
                       scan=Path(args.transcoders).name)
     path = write_graph_files(graph, args.out, args.slug, args.node_threshold, args.edge_threshold)
     pruned = prune(graph, args.node_threshold, args.edge_threshold)

@@ -132,6 +132,23 @@ def test_graph_is_complete_on_a_model_without_biases():
     assert not feature_block[layers[:, None] <= layers[None, :]].any()
 
 
+def test_max_feature_nodes_keeps_the_most_influential_features_rows_unchanged():
+    lm = _tiny(tiny_llama(40, hidden_size=32, layers=3).double())
+    tcs = {layer: _random_transcoder(32, seed=layer, biases=False, dtype="float64") for layer in range(3)}
+    full = attribute(lm, tcs, TEXT, batch_size=8)
+    part = attribute(lm, tcs, TEXT, batch_size=8, max_feature_nodes=full.n_features // 3)
+    assert part.n_features == full.n_features // 3 and part.info["n_active_features"] == full.n_features
+    rows = {tuple(f): i for i, f in enumerate(full.features.tolist())}
+    kept = torch.tensor([rows[tuple(f)] for f in part.features.tolist()])
+    columns = torch.cat([kept, torch.arange(full.n_features, full.adjacency.shape[0])])
+    # the logit rows and the visited features' rows are the full graph's, on the kept sources
+    assert torch.allclose(part.adjacency[part.logit_start:], full.adjacency[full.logit_start:][:, columns])
+    assert torch.allclose(part.adjacency[:part.n_features], full.adjacency[kept][:, columns])
+    # the first features visited are those of most direct influence on the logits
+    direct = full.adjacency[full.logit_start:, :full.n_features].abs().T @ full.logit_probabilities.double()
+    assert int(direct.argmax()) in kept.tolist()
+
+
 def test_perfect_transcoder_leaves_error_nodes_zero():
     """A ReLU GPT-2 MLP is exactly a ReLU transcoder (W_enc = c_fc, W_dec = c_proj): every error node is zero and
     the graph's logits are the model's."""
