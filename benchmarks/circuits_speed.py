@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     parser.add_argument("--d-sae", type=int, default=4608)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-feature-nodes", type=int, default=None)
     parser.add_argument("--out", default="experiments/results/circuits_speed_smollm2_k32.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -48,20 +49,23 @@ def main(argv=None) -> int:
             tc.W_dec.copy_(torch.randn(args.d_sae, lm.d_model, generator=generator) * 0.01)
         transcoders[layer] = tc
     started = time.perf_counter()
-    graph = attribute(lm, transcoders, ids, batch_size=args.batch_size, model_name="smollm2-135m-instruct")
+    graph = attribute(lm, transcoders, ids, batch_size=args.batch_size, model_name="smollm2-135m-instruct",
+                      max_feature_nodes=args.max_feature_nodes)
     seconds = time.perf_counter() - started
     rows = graph.n_features + len(graph.logit_tokens)
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line),
                       platform.processor())
     result = {"model": "smollm2-135m-instruct", "tokens": len(ids), "layers": lm.n_layers, "k": args.k,
+              "active_features": graph.info["n_active_features"], "max_feature_nodes": args.max_feature_nodes,
               "d_sae": args.d_sae, "batch_size": args.batch_size, "features": graph.n_features,
               "target_rows": rows, "seconds": seconds, "seconds_per_row": seconds / rows,
               "projected_seconds_at_k32": seconds / rows * (15 * lm.n_layers * 32 + len(graph.logit_tokens)),
               "threads": args.threads, "cpu": model_name,
               "note": "untrained random transcoders (cost depends on the feature count, not the weights); shared "
                       "2-core machine loaded by other jobs: wall times are upper bounds",
-              "command": f"python -m benchmarks.circuits_speed --k {args.k} --threads {args.threads}"}
+              "command": f"python -m benchmarks.circuits_speed --k {args.k} --threads {args.threads}"
+                         + (f" --max-feature-nodes {args.max_feature_nodes}" if args.max_feature_nodes else "")}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
     return 0
