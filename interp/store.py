@@ -390,19 +390,32 @@ class ActivationStore:
         return {key: torch.cat(values) for key, values in parts.items()}
 
     def batches(self, block: str, batch_size: int, shuffle: bool = True, seed: int = 0,
-                buffer_vectors: int = 1 << 18, drop_last: bool = False) -> Iterator[torch.Tensor]:
+                buffer_vectors: int = 1 << 18, drop_last: bool = False,
+                paired: str | None = None) -> Iterator[torch.Tensor]:
         """One pass over every vector of the block, as float32 (batch, channels) tensors.
+
+        ``paired``: a second block of the same store; each row is then the block's vector and the paired
+        block's vector of the same token side by side, (batch, channels + paired channels), shuffled together
+        (a transcoder's (input, target) pairs).
 
         Shuffling is by window: shards are visited in a random order and read until at
         least `buffer_vectors` vectors are in memory, which are shuffled together and
         yielded; memory stays about `buffer_vectors * channels * 4` bytes, not the store.
         """
         self._shape(block)
+        if paired is not None:
+            self._shape(paired)
+            if self.kind != LM_KIND:
+                raise StoreError("paired blocks are read from language-model stores only (one vector per token)")
         if batch_size < 1:
             raise StoreError(f"batch_size must be positive, not {batch_size}")
         order = list(range(len(self.shards)))
         if shuffle:
             random.Random(seed).shuffle(order)
-        chunks = (self._shard_vectors(self.shards[i], block) for i in order)
+        if paired is None:
+            chunks = (self._shard_vectors(self.shards[i], block) for i in order)
+        else:
+            chunks = (torch.cat([self._shard_vectors(self.shards[i], block),
+                                 self._shard_vectors(self.shards[i], paired)], dim=1) for i in order)
         yield from window_batches(chunks, batch_size, buffer_vectors=buffer_vectors, shuffle=shuffle, seed=seed,
                                   drop_last=drop_last)

@@ -77,7 +77,10 @@ def _add_train_arguments(parser) -> None:
     parser.add_argument("--out", required=True, help="output directory: SAE, checkpoint, train_log.jsonl")
     parser.add_argument("--architecture", default="topk",
                         help="topk or p-anneal (ours), or sae-lens': batchtopk, matryoshka, jumprelu, standard, gated, "
-                             "lens-topk")
+                             "lens-topk; transcoders (with --target-block): topk-transcoder, batchtopk-transcoder")
+    parser.add_argument("--target-block", default=None,
+                        help="transcoders: the block they write (blocks.L.mlp.hook_out; --block is then the MLP's "
+                             "input blocks.L.mlp.hook_in), from the same store")
     parser.add_argument("--d-sae", type=int, default=5120)
     parser.add_argument("--k", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=4096)
@@ -113,19 +116,31 @@ def _train(args) -> int:
         init_process_group()
     rank = dist.get_rank() if dist.is_initialized() else 0
     torch.set_num_threads(args.threads)
+    from .trainers import TRANSCODER_TRAINERS
+
     store, block = _open_store(args.store, args.block)
-    config = TrainConfig(architecture=args.architecture, d_in=_channels(store, block), d_sae=args.d_sae, k=args.k,
+    target = None
+    if (args.target_block is None) != (args.architecture not in TRANSCODER_TRAINERS):
+        raise ValueError(f"--target-block goes with a transcoder architecture ({', '.join(TRANSCODER_TRAINERS)}) "
+                         "and a transcoder architecture needs it")
+    metadata = _store_metadata(store, block, args.store)
+    if args.target_block is not None:
+        target = _open_store(args.store, args.target_block)[1]
+        metadata["hook_name_out"] = target
+    config = TrainConfig(architecture=args.architecture, d_in=_channels(store, block),
+                         d_out=_channels(store, target) if target else 0, d_sae=args.d_sae, k=args.k,
                          batch_size=args.batch_size, lr=args.lr, total_tokens=args.tokens,
                          dead_after_tokens=args.dead_after_tokens, options=_parse_options(args.option),
                          log_every_steps=args.log_every, checkpoint_every_steps=args.checkpoint_every,
-                         seed=args.seed, metadata=_store_metadata(store, block, args.store),
-                         autocast=args.autocast, shard_latents=args.shard_latents).validate()
+                         seed=args.seed, metadata=metadata, autocast=args.autocast,
+                         shard_latents=args.shard_latents).validate()
 
     def stream():
         """Epochs of shuffled batches, for as long as training asks; rank r takes every world-th batch.
         Under DDP only full batches are used, so that every rank counts the same tokens per step."""
         for epoch in itertools.count():
-            batches = store.batches(block, batch_size=args.batch_size, shuffle=True, seed=args.seed + epoch)
+            batches = store.batches(block, batch_size=args.batch_size, shuffle=True, seed=args.seed + epoch,
+                                    paired=target)
             if world > 1:
                 batches = (batch for batch in batches if len(batch) == args.batch_size)
             yielded = 0
@@ -498,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .causal import add_causal_arguments
     from .export import add_export_arguments, export_command
+    from .circuits import add_fidelity_arguments, add_graph_arguments, fidelity_command, graph_command
 
     for name, help_text, add_arguments, command in (
         ("train", "train an SAE on one block of an activation store (resumable)", _add_train_arguments, _train),
@@ -518,6 +534,10 @@ def main(argv: list[str] | None = None) -> int:
          _add_import_sdxl_arguments, _import_sdxl),
         ("bench", "SAEBench's evals (core, sparse probing, ...) on a CPU, one SAEBench JSON per SAE and eval",
          _add_bench_arguments, _bench),
+        ("graph", "a prompt's attribution graph from per-layer transcoders (circuit-tracer's JSON), and feature "
+                  "ablations beside its predictions", add_graph_arguments, graph_command),
+        ("transcoder-eval", "the replacement model's fidelity with every MLP replaced by its transcoder (CE "
+                            "recovered, KL)", add_fidelity_arguments, fidelity_command),
     ):
         sub = commands.add_parser(name, help=help_text)
         add_arguments(sub)

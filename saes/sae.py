@@ -10,6 +10,14 @@ Kept apart from training state (as sae-lens does) so that an intervention hook o
 with pre = (x - b_dec) @ W_enc + b_enc (b_dec subtracted only if apply_b_dec_to_input) and
 reconstruction = latents @ W_dec + b_dec. Weight layout and file names are sae-lens':
 W_enc (d_in, d_sae), b_enc (d_sae,), W_dec (d_sae, d_in), b_dec (d_in,), threshold (d_sae,).
+
+A **transcoder** (``cfg.transcoder``) is the same encoder read from one site (an MLP's input) and a decoder
+that writes another (the MLP's output): W_dec (d_sae, d_out), b_dec (d_out,), b_dec never subtracted from
+the input, and with ``skip`` a linear skip path W_skip (d_out, d_in): output = decode(encode(x)) + x @ W_skip.T.
+Its cfg.json carries sae-lens 6's names (`TRANSCODER_NAMES`): ``transcoder`` / ``skip_transcoder`` (ReLU),
+``jumprelu_transcoder`` / ``jumprelu_skip_transcoder``, which sae-lens' ``SAE.load_from_disk`` loads; a TopK
+transcoder is ``topk_transcoder`` / ``topk_skip_transcoder``, a name sae-lens 6 does not have (it has no TopK
+transcoder), so only this workbench loads those.
 """
 
 from __future__ import annotations
@@ -95,6 +103,21 @@ register_architecture(Architecture("gated", _gated, extra_parameters=("b_mag", "
                                    lens_names=(("b_enc", "b_gate"),)))
 ARCHITECTURES = tuple(ARCHITECTURE_REGISTRY)  # as registered at import
 
+# cfg.json architecture name of a transcoder -> (our activation architecture, skip path); sae-lens 6 knows the
+# first four (sae_lens.saes.transcoder), the topk ones are ours.
+TRANSCODER_NAMES: dict[str, tuple[str, bool]] = {
+    "transcoder": ("standard", False), "skip_transcoder": ("standard", True),
+    "jumprelu_transcoder": ("jumprelu", False), "jumprelu_skip_transcoder": ("jumprelu", True),
+    "topk_transcoder": ("topk", False), "topk_skip_transcoder": ("topk", True),
+}
+
+
+def transcoder_name(architecture: str, skip: bool) -> str:
+    for name, value in TRANSCODER_NAMES.items():
+        if value == (architecture, skip):
+            return name
+    raise SAEFormatError(f"no transcoder format for a {architecture} activation")
+
 
 def _architecture_of_sae_lens(name: str) -> Architecture:
     for architecture in ARCHITECTURE_REGISTRY.values():
@@ -131,8 +154,16 @@ class SAEConfig:
     apply_b_dec_to_input: bool = True
     dtype: str = "float32"
     metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, training figures
+    transcoder: bool = False  # reads hook_name, writes metadata hook_name_out (see the module's docstring)
+    d_out: int | None = None  # a transcoder's output width (None: d_in)
+    skip: bool = False  # a transcoder's linear skip path W_skip
 
     def __post_init__(self):
+        if self.transcoder:
+            self.d_out = self.d_out or self.d_in
+            self.apply_b_dec_to_input = False  # b_dec lives in the output space
+        elif self.skip or (self.d_out is not None and self.d_out != self.d_in):
+            raise SAEFormatError("d_out and skip are transcoder settings; an SAE reconstructs its input")
         if self.architecture not in ARCHITECTURE_REGISTRY:
             raise SAEFormatError(f"unknown SAE architecture {self.architecture!r}; known: "
                                  f"{', '.join(ARCHITECTURE_REGISTRY)}")
@@ -147,13 +178,16 @@ class SAEConfig:
             lens_version = version("sae-lens")
         except PackageNotFoundError:
             lens_version = "6.0.0"
-        cfg = {"architecture": self.architecture, "d_in": self.d_in, "d_sae": self.d_sae, "dtype": self.dtype,
+        architecture = transcoder_name(self.architecture, self.skip) if self.transcoder else self.architecture
+        cfg = {"architecture": architecture, "d_in": self.d_in, "d_sae": self.d_sae, "dtype": self.dtype,
                "device": "cpu", "apply_b_dec_to_input": self.apply_b_dec_to_input, "normalize_activations": "none",
                "reshape_activations": "none",
                "metadata": {"sae_lens_version": lens_version, "sae_lens_training_version": lens_version,
                             **self.metadata}}
         if ARCHITECTURE_REGISTRY[self.architecture].needs_k:
             cfg.update(k=self.k, rescale_acts_by_decoder_norm=False)
+        if self.transcoder:
+            cfg["d_out"] = self.d_out
         return cfg
 
 
@@ -166,8 +200,11 @@ class SAE(nn.Module):
         dtype = _DTYPES[cfg.dtype]
         self.W_enc = nn.Parameter(torch.zeros(cfg.d_in, cfg.d_sae, dtype=dtype), requires_grad=False)
         self.b_enc = nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype), requires_grad=False)
-        self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, cfg.d_in, dtype=dtype), requires_grad=False)
-        self.b_dec = nn.Parameter(torch.zeros(cfg.d_in, dtype=dtype), requires_grad=False)
+        d_out = cfg.d_out if cfg.transcoder else cfg.d_in
+        self.W_dec = nn.Parameter(torch.zeros(cfg.d_sae, d_out, dtype=dtype), requires_grad=False)
+        self.b_dec = nn.Parameter(torch.zeros(d_out, dtype=dtype), requires_grad=False)
+        if cfg.skip:
+            self.W_skip = nn.Parameter(torch.zeros(d_out, cfg.d_in, dtype=dtype), requires_grad=False)
         self.architecture = ARCHITECTURE_REGISTRY[cfg.architecture]
         for name in self.architecture.extra_parameters:
             setattr(self, name, nn.Parameter(torch.zeros(cfg.d_sae, dtype=dtype), requires_grad=False))
@@ -205,9 +242,15 @@ class SAE(nn.Module):
             raise ValueError(f"SAE has {self.cfg.d_sae} latents, got shape {tuple(latents.shape)}")
         return latents.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
 
+    def skip_output(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A skip transcoder's linear path x @ W_skip.T (..., d_out); None without one."""
+        return x.to(self.W_skip.dtype) @ self.W_skip.T if self.cfg.skip else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (..., d_in) -> reconstruction (..., d_in)."""
-        return self.decode(self.encode(x))
+        """x: (..., d_in) -> reconstruction (..., d_in) (a transcoder's output (..., d_out), skip path included)."""
+        out = self.decode(self.encode(x))
+        skip = self.skip_output(x)
+        return out if skip is None else out + skip
 
     def decoder_directions(self) -> torch.Tensor:
         """(d_sae, d_in): row f is what adding one unit of feature f writes into the block's output."""
@@ -258,6 +301,9 @@ class SAE(nn.Module):
         """Build from a sae-lens cfg dict and state dict, folding what sae-lens leaves unfolded
         (decoder-norm rescaling of TopK / BatchTopK training checkpoints)."""
         architecture = raw_cfg.get("architecture", "standard")
+        transcoder, skip = architecture in TRANSCODER_NAMES, False
+        if transcoder:
+            architecture, skip = TRANSCODER_NAMES[architecture]
         for key in ("d_in", "d_sae"):
             if key not in raw_cfg:
                 raise SAEFormatError(f"cfg.json lacks {key!r}")
@@ -291,7 +337,8 @@ class SAE(nn.Module):
             metadata["hook_name"] = raw_cfg["hook_name"]
         cfg = SAEConfig(architecture=architecture, d_in=int(raw_cfg["d_in"]), d_sae=int(raw_cfg["d_sae"]), k=k,
                         apply_b_dec_to_input=bool(raw_cfg.get("apply_b_dec_to_input", True)),
-                        dtype=dtype or "float32", metadata=metadata)
+                        dtype=dtype or "float32", metadata=metadata, transcoder=transcoder,
+                        d_out=int(raw_cfg.get("d_out") or raw_cfg["d_in"]) if transcoder else None, skip=skip)
         sae = cls(cfg)
         expected = dict(sae.named_parameters())
         for name, param in expected.items():

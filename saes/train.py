@@ -77,11 +77,13 @@ class TrainConfig:
     metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, store path
     autocast: bool = False  # topk: the dense encoder product in bf16 (it only picks the latents; docs/dtype.md)
     shard_latents: bool = False  # topk under torchrun: each rank holds d_sae / world latents (saes/sharded.py)
+    d_out: int = 0  # transcoders: the target's width (each batch row is input then target); 0 for an SAE
 
     def validate(self) -> "TrainConfig":
         if self.architecture not in TRAINERS:
             raise ValueError(f"unknown architecture {self.architecture!r}; choose one of {', '.join(sorted(TRAINERS))}")
-        if self.architecture in ("topk", "batchtopk", "matryoshka", "lens-topk") and not 0 < self.k <= self.d_sae:
+        if self.architecture in ("topk", "batchtopk", "matryoshka", "lens-topk", "topk-transcoder",
+                                 "batchtopk-transcoder") and not 0 < self.k <= self.d_sae:
             raise ValueError(f"k={self.k} must be between 1 and the number of latents d_sae={self.d_sae}")
         for name in ("d_in", "d_sae", "batch_size", "total_tokens", "dead_after_tokens", "log_every_steps",
                      "checkpoint_every_steps"):
@@ -89,6 +91,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.shard_latents and (self.architecture != "topk" or self.autocast):
             raise ValueError("--shard-latents is an option of the topk trainer, without --autocast")
+        if self.d_out < 0:
+            raise ValueError(f"d_out must be positive for a transcoder (0 for an SAE), got {self.d_out}")
         if self.autocast and self.architecture != "topk":
             raise ValueError(f"autocast is an option of the topk trainer (its dense encoder product), not of "
                              f"{self.architecture}")
@@ -240,6 +244,7 @@ def load_checkpoint(path: Path, config: TrainConfig) -> dict:
     saved, current = dict(state["config"]), config.to_dict()
     saved.setdefault("autocast", False)  # checkpoints from before the option trained in float32
     saved.setdefault("shard_latents", False)
+    saved.setdefault("d_out", 0)  # checkpoints from before transcoders: SAEs
     differing = sorted(key for key in set(saved) | set(current)
                        if key not in RESUMABLE_CHANGES and saved.get(key) != current.get(key))
     if differing:
@@ -326,7 +331,7 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
                 if step == 0:
                     raise ValueError("the activation stream is empty")
                 break  # the stream ran out: finish with what was seen
-            batch = check_batch(batch, config.d_in, step)
+            batch = check_batch(batch, config.d_in + config.d_out, step)
             if world > 1:
                 check_equal_batches(batch, step)
             if step == 0:

@@ -503,3 +503,143 @@ class PAnnealTrainer:
             for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
                 getattr(sae, name).copy_(getattr(self.sae, name))
         return sae
+
+
+class TranscoderModule(torch.nn.Module):
+    """A transcoder in training: latents read the MLP's input x (batch, d_in), the decoder writes its output
+    (batch, d_out). Decoder rows are kept at unit norm (as our TopK SAE's), b_dec starts at the targets' mean,
+    an optional skip path W_skip (d_out, d_in) starts at zero (as sae-lens' SkipTranscoder's)."""
+
+    def __init__(self, d_in: int, d_out: int, d_sae: int, skip: bool, seed: int):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        directions = torch.randn(d_sae, d_out, generator=generator)
+        set_decoder_unit_norm_(directions)
+        self.W_dec = torch.nn.Parameter(directions)
+        self.W_enc = torch.nn.Parameter(torch.randn(d_in, d_sae, generator=generator) / d_in ** 0.5)
+        self.b_enc = torch.nn.Parameter(torch.zeros(d_sae))
+        self.b_dec = torch.nn.Parameter(torch.zeros(d_out))
+        self.W_skip = torch.nn.Parameter(torch.zeros(d_out, d_in)) if skip else None
+
+    def output(self, x: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+        out = latents @ self.W_dec + self.b_dec
+        return out if self.W_skip is None else out + x @ self.W_skip.T
+
+
+class _TranscoderTrainer:
+    """TopK / BatchTopK transcoders (MLP input -> MLP output) on batches of (batch, d_in + d_out): each row is an
+    (input, target) pair side by side, as `ActivationStore.batches(hook_in, paired=hook_out)` reads them.
+
+    loss = MSE / Var(target) + aux_coefficient * AuxK (dead latents reconstruct the residual the live ones
+    leave, as the TopK SAE's). TopK keeps each row's k largest latents; BatchTopK the batch's k * batch largest,
+    and tracks the threshold sae-lens' BatchTopK tracks (a running mean of the smallest kept activation), so that
+    inference runs it as a JumpReLU with that threshold (saved as sae-lens' ``jumprelu_transcoder``).
+    Options: skip (bool, a linear skip path), aux_k, aux_coefficient, threshold_lr."""
+
+    batch_topk = False
+    OPTIONS = {"skip": False, "aux_k": 256, "aux_coefficient": 1 / 32, "threshold_lr": 0.01}
+
+    def __init__(self, config):
+        check_option_names(config.options, set(self.OPTIONS), self.architecture)
+        self.options = {**self.OPTIONS, **config.options}
+        if not config.d_out:
+            raise ValueError(f"{self.architecture} trains on (input, target) pairs: give the store's output hook "
+                             "(saes train --target-block blocks.L.mlp.hook_out)")
+        if _distributed():  # its BatchTopK threshold and dead counts have no global rule yet: never per rank
+            raise ValueError(f"{self.architecture} trains in one process: run it without torchrun (the SAE "
+                             f"trainers run under it)")
+        if not 0 < config.k <= config.d_sae:
+            raise ValueError(f"k must be in 1..d_sae, got k={config.k} with d_sae={config.d_sae}")
+        self.d_in, self.d_out, self.k, self.d_sae = config.d_in, config.d_out, config.k, config.d_sae
+        self.dead_after = config.dead_after_tokens
+        self.sae = TranscoderModule(config.d_in, config.d_out, config.d_sae, bool(self.options["skip"]), config.seed)
+        self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=config.lr, eps=6.25e-10)
+        self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64)
+        self.threshold = torch.zeros(())
+
+    def prepare(self, first_batch: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.sae.b_dec.copy_(first_batch[:, self.d_in:].mean(0))
+
+    def _latents(self, pre: torch.Tensor) -> torch.Tensor:
+        if self.batch_topk:
+            flat = pre.relu().flatten()
+            top = flat.topk(min(self.k * pre.shape[0], flat.numel()), sorted=False)
+            return torch.zeros_like(flat).scatter(0, top.indices, top.values).view_as(pre)
+        top = pre.topk(self.k, dim=-1, sorted=False)
+        return torch.zeros_like(pre).scatter(-1, top.indices, top.values.relu())
+
+    def step(self, batch: torch.Tensor) -> dict[str, float]:
+        from .topk import normalized_mse
+
+        x, y = batch[:, :self.d_in], batch[:, self.d_in:]
+        sae = self.sae
+        pre = x @ sae.W_enc + sae.b_enc
+        latents = self._latents(pre)
+        out = sae.output(x, latents)
+        mse = normalized_mse(out, y)
+        dead = self.tokens_since_fired >= self.dead_after
+        aux = x.new_zeros(())
+        n_aux = min(int(self.options["aux_k"]), int(dead.sum()))
+        if n_aux:
+            dead_pre = pre[:, dead]
+            top = dead_pre.topk(n_aux, dim=1, sorted=False)
+            aux_latents = torch.zeros_like(dead_pre).scatter(1, top.indices, top.values.relu())
+            aux = normalized_mse(aux_latents @ sae.W_dec[dead], (y - out).detach()).nan_to_num(0.0)
+        loss = mse + float(self.options["aux_coefficient"]) * aux
+        loss.backward()
+        remove_parallel_gradient_(sae.W_dec)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        set_decoder_unit_norm_(sae.W_dec.data)
+        with torch.no_grad():
+            active = latents > 0
+            self.tokens_since_fired += x.shape[0]
+            self.tokens_since_fired[active.any(0)] = 0
+            if self.batch_topk and active.any():
+                smallest = latents[active].min()
+                lr = float(self.options["threshold_lr"])
+                self.threshold = smallest if self.threshold == 0 else (1 - lr) * self.threshold + lr * smallest
+        return {"loss": float(loss.detach()), "mse_loss": float(mse.detach()), "aux_loss": float(aux),
+                "explained_variance": 1.0 - float(mse.detach()), "l0": float(active.sum(1).float().mean())}
+
+    def n_dead(self) -> int:
+        return int((self.tokens_since_fired >= self.dead_after).sum())
+
+    def state_dict(self) -> dict:
+        return {"sae": self.sae.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "tokens_since_fired": self.tokens_since_fired, "threshold": self.threshold}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sae.load_state_dict(state["sae"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.tokens_since_fired = state["tokens_since_fired"]
+        self.threshold = state["threshold"]
+
+    @torch.no_grad()
+    def to_inference(self, **metadata) -> SAE:
+        from .sae import SAEConfig
+
+        skip = self.sae.W_skip is not None
+        architecture = "jumprelu" if self.batch_topk else "topk"
+        sae = SAE(SAEConfig(architecture=architecture, d_in=self.d_in, d_sae=self.d_sae,
+                            k=None if self.batch_topk else self.k, metadata=dict(metadata), transcoder=True,
+                            d_out=self.d_out, skip=skip))
+        for name in ("W_enc", "b_enc", "W_dec", "b_dec") + (("W_skip",) if skip else ()):
+            getattr(sae, name).copy_(getattr(self.sae, name))
+        if self.batch_topk:
+            sae.threshold.fill_(float(self.threshold))
+        return sae
+
+
+@register_trainer("topk-transcoder")
+class TopKTranscoderTrainer(_TranscoderTrainer):
+    pass
+
+
+@register_trainer("batchtopk-transcoder")
+class BatchTopKTranscoderTrainer(_TranscoderTrainer):
+    batch_topk = True
+
+
+TRANSCODER_TRAINERS = ("topk-transcoder", "batchtopk-transcoder")

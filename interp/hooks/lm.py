@@ -36,7 +36,17 @@ from .lm_sites import LMHookError, lm_sites, register_stream_hooks
 from .scoped import ScopedHooks
 
 RESIDUAL_HOOKS = ("resid_pre", "resid_mid", "resid_post")
-_NAME = re.compile(r"^blocks\.(\d+)\.hook_(resid_pre|resid_mid|resid_post)$")
+# The MLP side's own input (normalised as the MLP reads it, after the norm's gain and bias) and output, what a
+# transcoder reads and writes: TransformerLens' TransformerBridge names for them (circuit-tracer's
+# feature_input_hook / feature_output_hook of its llama transcoders) -> the site table's kinds
+# (`register_stream_hooks`). (A HookedTransformer's ln2.hook_normalized is before the norm's gain and bias.)
+MLP_HOOKS = {"mlp.hook_in": "mlp_in", "mlp.hook_out": "mlp_out"}
+_NAME = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|mlp\.hook_in|mlp\.hook_out)$")
+
+
+def mlp_hook_names(layer: int) -> tuple[str, str]:
+    """(the MLP's input, its output) hook names of ``layer``: what a transcoder of that layer reads and writes."""
+    return f"blocks.{layer}.mlp.hook_in", f"blocks.{layer}.mlp.hook_out"
 
 
 def residual_hook_names(n_layers: int, hooks: Iterable[str] = RESIDUAL_HOOKS) -> list[str]:
@@ -47,15 +57,18 @@ def residual_hook_names(n_layers: int, hooks: Iterable[str] = RESIDUAL_HOOKS) ->
 
 def _describe_valid(n_layers: int, sites: Iterable[str] = RESIDUAL_HOOKS) -> str:
     return (f"valid names are blocks.{{l}}.hook_{'|'.join(sites)} for l in 0..{n_layers - 1} "
-            f"(e.g. blocks.0.hook_resid_pre, blocks.{n_layers - 1}.hook_resid_post)")
+            f"(e.g. blocks.0.hook_resid_pre, blocks.{n_layers - 1}.hook_resid_post), and on the Hugging Face backend "
+            f"the MLP's input and output blocks.{{l}}.mlp.hook_in, blocks.{{l}}.mlp.hook_out")
 
 
 def parse_hook_name(name: str, n_layers: int) -> tuple[int, str]:
-    """``"blocks.3.hook_resid_post"`` -> ``(3, "resid_post")``; a clear error for anything else."""
+    """``"blocks.3.hook_resid_post"`` -> ``(3, "resid_post")`` (``mlp.hook_in`` -> ``"mlp_in"``,
+    ``mlp.hook_out`` -> ``"mlp_out"``); a clear error for anything else."""
     match = _NAME.match(name)
     if match is None or int(match.group(1)) >= n_layers:
         raise LMHookError(f"the model has no hook {name!r}; {_describe_valid(n_layers)}")
-    return int(match.group(1)), match.group(2)
+    site = match.group(2)
+    return int(match.group(1)), MLP_HOOKS.get(site) or site[len("hook_"):]
 
 
 def transformer_lens_sites(model) -> tuple[str, ...]:
@@ -88,6 +101,10 @@ def check_hooks(lm, names: Iterable[str]) -> None:
     names = list(names)
     parsed = [parse_hook_name(name, lm.n_layers) for name in names]
     if lm.backend == "transformer_lens":
+        for name, (_, hook) in zip(names, parsed):
+            if hook in ("mlp_in", "mlp_out"):
+                raise LMHookError(f"{name}: the MLP's input and output are read on the Hugging Face backend only "
+                                  "(load the model with backend 'hf')")
         sites = transformer_lens_sites(lm.model)
         for name, (_, hook) in zip(names, parsed):
             if hook not in sites:
@@ -404,6 +421,6 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
     return torch.cat(out)
 
 
-__all__ = ["RESIDUAL_HOOKS", "LMHookError", "ResidualCapture", "StopAfter", "capture_residuals", "check_hooks",
+__all__ = ["MLP_HOOKS", "RESIDUAL_HOOKS", "mlp_hook_names", "LMHookError", "ResidualCapture", "StopAfter", "capture_residuals", "check_hooks",
            "decoder_layers", "format_prompts", "right_padded", "language_model", "last_token_residuals", "model_sites", "parse_hook_name",
            "last_needed_layer", "residual_capture", "residual_hook_names", "stop_after", "strip_trailing_punctuation"]

@@ -67,6 +67,7 @@ class LMFamily:
     head: tuple[str, ...] = ()
     mid_add: str | None = None
     flat_mid: bool = False
+    mlp: str | None = "mlp"  # the MLP module of a layer (its input and output: what a transcoder reads and writes)
     logit_scale: Callable[[object], float] = field(default=lambda config: 1.0)
     classes: tuple[str, ...] = ()
     hooked_transformer: Callable | None = None  # (hf_model, tokenizer, device=...) -> HookedTransformer
@@ -125,7 +126,7 @@ FAMILIES: tuple[LMFamily, ...] = (
              final_norm="gpt_neox.final_layer_norm", adjust=_gpt_neox),
     LMFamily("opt", ("opt",), layers="model.decoder.layers", mlp_input="final_layer_norm",
              final_norm="model.decoder.final_layer_norm", head=("model.decoder.project_out",),
-             flat_mid=True, adjust=_opt),
+             flat_mid=True, mlp=None, adjust=_opt),
 )
 
 # (label, model_type, what is special about it): the architectures the suite builds tiny random models of
@@ -259,6 +260,9 @@ class LMSites:
         return ("resid_pre", "resid_mid", "resid_post") if self.has_resid_mid else ("resid_pre", "resid_post")
 
     def check(self, kind: str) -> None:
+        if kind in ("mlp_in", "mlp_out"):
+            self.mlp_module(0)
+            return
         if kind == "resid_mid" and not self.has_resid_mid:
             raise LMSiteError(f"{type(self.model).__name__} computes attention and MLP in parallel: it has no "
                               f"resid_mid; ask for resid_pre or resid_post")
@@ -269,6 +273,14 @@ class LMSites:
         if not isinstance(module, torch.nn.Module):
             raise LMSiteError(f"layer {layer} of {type(self.model).__name__} has no {self.family.mlp_input}: "
                               f"resid_mid cannot be read")
+        return module
+
+    def mlp_module(self, layer: int) -> torch.nn.Module:
+        """The MLP module of ``layer``: its input is the MLP side's normalised input, its output the MLP's."""
+        module = _module_at(self.layers[layer], self.family.mlp) if self.family.mlp else None
+        if not isinstance(module, torch.nn.Module):
+            raise LMSiteError(f"{type(self.model).__name__} (the {self.family.name} family) has no MLP module the "
+                              f"site table knows: its MLP input and output (transcoder sites) cannot be read")
         return module
 
     def mid_add_module(self, layer: int) -> torch.nn.Module | None:
@@ -340,12 +352,40 @@ def register_stream_hooks(session, sites: LMSites, layer: int, kind: str,
     stream at ``kind`` of ``layer``, (batch, positions, d_model), to ``on_stream`` in every forward pass of
     the session's context. With ``writes``, a tensor ``on_stream`` returns (not the same object) replaces the
     stream there, so everything downstream reads it; None or the same tensor leaves the pass alone."""
+    handles = session._handles
+    if kind in ("mlp_in", "mlp_out"):
+        mlp = sites.mlp_module(layer)
+        if kind == "mlp_in":
+            def on_mlp_input(module, args, kwargs=None):
+                if not session._active():
+                    return None
+                kwargs = kwargs or {}
+                x = args[0] if args else kwargs["hidden_states"]
+                y = on_stream(x)
+                if not writes or y is None or y is x:
+                    return None
+                if args:
+                    return (y,) + tuple(args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": y}
+
+            handles.append(mlp.register_forward_pre_hook(on_mlp_input, with_kwargs=True))
+        else:
+            def on_mlp_output(module, args, output):
+                if not session._active():
+                    return None
+                x = _first(output)
+                y = on_stream(x)
+                if not writes or y is None or y is x:
+                    return None
+                return _with_first(output, y)
+
+            handles.append(mlp.register_forward_hook(on_mlp_output))
+        return
     sites.check(kind)
     for register in STREAM_REGISTRARS:  # another backend's way to reach the site (nnsight: interp.hooks.lm_nnsight)
         if register(session, sites, layer, kind, on_stream, writes):
             return
     block = sites.layers[layer]
-    handles = session._handles
 
     if kind == "resid_pre":
         # kwargs optional: torch can call a kwargs hook without them while registering it (see scoped.py)
