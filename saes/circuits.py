@@ -803,7 +803,7 @@ def fidelity_command(args) -> int:
     from interp.models.lm import load_lm
 
     from .lm_eval import scored_sequences
-    from .strict_json import write_json
+    from .strict_json import dumps, write_json
 
     torch.set_num_threads(args.threads)
     documents = read_documents(args.text)
@@ -815,5 +815,5 @@ def fidelity_command(args) -> int:
     result["per_layer"] = {str(layer): {k: tc.cfg.metadata.get(k) for k in ("trained_tokens",)}
                            for layer, tc in transcoders.items()}
     write_json(args.out, result, indent=2)
-    print(json.dumps({k: v for k, v in result.items() if k != "per_layer"}, indent=1))
+    print(dumps({k: v for k, v in result.items() if k != "per_layer"}, indent=1))
     return 0

@@ -167,5 +167,5 @@ def test_an_inference_architecture_is_one_registry_entry(tmp_path, monkeypatch):
     loaded = SAE.load(sae.save(tmp_path / "sae"))
     torch.testing.assert_close(loaded.encode(x), sae.encode(x))
     with pytest.raises(SAEFormatError, match="supported: topk, jumprelu, standard, gated, relu-shift, batchtopk"):
-        SAE.from_sae_lens({"architecture": "jumprelu_skip_transcoder", "d_in": 3, "d_sae": 4},
+        SAE.from_sae_lens({"architecture": "crosscoder", "d_in": 3, "d_sae": 4},
                           dict(sae.named_parameters()))
