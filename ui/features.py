@@ -263,6 +263,10 @@ class FeaturesTab:
                 f"{'docs/saebench.md' if self.is_lm(model) else 'docs/image-saebench.md'} reads them). "
                 f"More: `{results.command}`.")
         fig = figure(results.rows, results.panels, title=f"SAEBench metrics against L0: {model}", width=None)
+        # the page's width for the panels: the legend under them, the panels' titles small enough not to overlap
+        fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.22, "font": {"size": 10}},
+                          height=440 + 11 * len(rows), margin={"t": 70, "b": 20})
+        fig.update_annotations(font_size=11)
         return note, pd.DataFrame(rows, columns=headers), fig
 
     # ----- a language model's cards -------------------------------------------------------------------
