@@ -23,25 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HEADLINE = [  # (eval, metric, column title)
-    ("image_reconstruction", "explained_variance", "EV"),
-    ("image_reconstruction", "l0", "L0"),
-    ("image_reconstruction", "denoiser_loss_recovered", "loss rec. (denoiser)"),
-    ("image_reconstruction", "latent_loss_recovered", "loss rec. (latent)"),
-    ("image_reconstruction", "probe_accuracy_spliced", "probe spliced"),
-    ("image_sparse_probing", "sae_top_1_test_accuracy", "probe top-1"),
-    ("image_sparse_probing", "sae_top_5_test_accuracy", "probe top-5"),
-    ("image_sparse_probing", "raw_update_top_5_test_accuracy", "raw top-5"),
-    ("image_localisation", "mean_localisation", "localisation"),
-    ("image_localisation", "n_labelled", "labelled"),
-    ("image_localisation", "moran_i_unlabelled", "Moran's I (unlab.)"),
-    ("image_absorption", "mean_absorption_fraction_score", "absorption"),
-    ("image_absorption", "mean_full_absorption_score", "full abs."),
-    ("image_unlearning", "unlearning_accuracy", "unlearn"),
-    ("image_unlearning", "in_domain_retention", "in-dom."),
-    ("image_unlearning", "cross_domain_retention", "cross-dom."),
-    ("image_editing", "success_at_preservation", "edit success"),
-]
+from saes.bench.results import IMAGE_HEADLINE as HEADLINE  # (eval, metric, column title), shared with the UI
 
 
 def cpu_model() -> str:

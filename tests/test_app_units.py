@@ -684,3 +684,60 @@ def test_features_tab_shows_only_the_widgets_that_apply_to_the_model_picked(demo
         assert sort["choices"] == ["AUROC", "frequency", "mean activation", "id"] and sort["value"] == kept
         assert gallery["visible"] is True and search["label"] == "Search labels" and "AUROC" in rows.columns
         assert blocks["value"] == bench.library.blocks[-1] and summary.endswith(f"of {blocks['value']}")
+
+
+def test_features_tab_benchmark_shows_the_shipped_saes_saebench_results_or_the_command_that_makes_them(tmp_path):
+    """Issues 43 and 44: the Features tab's Benchmark section, for the model chosen there, tables the SAEBench
+    results written beside its SAEs (the values of the JSON, not recomputed) and plots them against L0; a model
+    without any says which command makes them."""
+    from types import SimpleNamespace
+
+    from ui.lm_steer import PRETRAINED
+
+    tab = FeaturesTab(SimpleNamespace(model_name="toy", library=None))
+    for model, folder, hook in [("toy-chat", "toy-chat", "blocks.1.hook_resid_post"),
+                                ("smollm2-135m-instruct", "smollm2", "blocks.15.hook_resid_post")]:
+        note, rows, fig = tab.benchmark(model)
+        saebench = PRETRAINED / folder / hook / "saebench"
+        core = json.loads((saebench / "core" / f"interp-workbench_{hook}_eval_results.json").read_text())
+        probing = json.loads((saebench / "sparse_probing" / f"interp-workbench_{hook}_eval_results.json").read_text())
+        m, p = core["eval_result_metrics"], probing["eval_result_metrics"]
+        expected = {"L0": m["sparsity"]["l0"], "CE score": m["model_performance_preservation"]["ce_loss_score"],
+                    "KL score": m["model_behavior_preservation"]["kl_div_score"],
+                    "EV (SAEBench)": m["reconstruction_quality"]["explained_variance"],
+                    "cossim": m["reconstruction_quality"]["cossim"], "L2 ratio": m["shrinkage"]["l2_ratio"],
+                    "alive": m["misc_metrics"]["frac_alive"], "SAE top-1": p["sae"]["sae_top_1_test_accuracy"],
+                    "LLM probe": p["llm"]["llm_test_accuracy"]}
+        assert rows["SAE"].tolist() == [hook] and f"saes/pretrained/{folder}/{hook}/saebench" in note
+        row = rows.iloc[0]
+        for column, value in expected.items():
+            assert row[column] == pytest.approx(value, abs=5e-4), column
+        # SAEBench's plot: the SAE at (its L0, its CE score) in the CE panel
+        ce = [t for t in fig.data if t.xaxis in ("x", None)]
+        assert ce and ce[0].x[0] == expected["L0"] and ce[0].y[0] == pytest.approx(expected["CE score"], rel=1e-9)
+    # the image model: every SAE of every image_saebench run on it, the shipped TopK SAEs' values among them
+    note, rows, fig = tab.benchmark("toy")
+    shipped = json.loads(Path("experiments/results/image_saebench_shipped.json").read_text())["saes"]
+    entry = shipped["topk/up_blocks.1.attentions.2"]["evals"]
+    row = rows.set_index("SAE").loc["topk/up_blocks.1.attentions.2 (shipped)"]
+    assert row["loss rec. (denoiser)"] == pytest.approx(
+        entry["image_reconstruction"]["metrics"]["denoiser_loss_recovered"], abs=5e-4)
+    assert row["probe top-5"] == pytest.approx(entry["image_sparse_probing"]["metrics"]["sae_top_5_test_accuracy"],
+                                               abs=5e-4)
+    assert len(fig.data) >= len(shipped) and "image_saebench_shipped.json" in note
+    # no results: one line naming the command that makes them, an empty table, no plot
+    tab.image_results_dir = tmp_path
+    note, rows, fig = tab.benchmark("toy")
+    assert note == ("No SAEBench results for toy's SAEs here: `python -m experiments.image_saebench run --model toy "
+                    "--out experiments/results/image_saebench_<name>.json` makes them.") and rows.empty and fig is None
+    other = tmp_path / "other" / "blocks.1.hook_resid_post"  # an LM SAE with cards and no saebench/ beside it
+    other.mkdir(parents=True)
+    cfg = json.loads((PRETRAINED / "toy-chat" / "blocks.1.hook_resid_post" / "cfg.json").read_text())
+    cfg["metadata"]["model_name"] = "toy-chat-copy"
+    (other / "cfg.json").write_text(json.dumps(cfg))
+    (other / "features.json").write_text("{}")
+    note, rows, fig = FeaturesTab(SimpleNamespace(model_name="toy", library=None), [tmp_path]).benchmark("toy-chat-copy")
+    assert note.startswith("No SAEBench results for toy-chat-copy's SAEs here: `python -m saes bench --sae")
+    assert "\n" not in note and rows.empty and fig is None
+    with pytest.raises(gr.Error, match="choose a model"):
+        tab.benchmark("no-such-model")

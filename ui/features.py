@@ -58,6 +58,11 @@ def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
                 gallery = gr.Gallery(label="Top images (heatmap in red)", columns=3, height=300,
                                      elem_id="feature-gallery")
                 lm_card = gr.HTML(elem_id="feature-lm-card")
+        # SAEBench's results of the chosen model's SAEs, as written by `saes bench` / experiments.image_saebench
+        with gr.Accordion("Benchmark (SAEBench)", open=False, elem_id="features-benchmark"):
+            bench_note = gr.Markdown(elem_id="features-benchmark-note")
+            bench_table = gr.Dataframe(interactive=False, elem_id="features-benchmark-table", max_height=360)
+            bench_plot = gr.Plot(elem_id="features-benchmark-plot")
     # inputs by name: the handlers' parameters; each dict's order is the HTTP API's.
     # Queued: an error of an unqueued event reaches the browser as a bare "Error", without its message.
     listing = {"block": block, "sort_by": sort_by, "search": search, "model": model}
@@ -79,6 +84,10 @@ def build_features_tab(bench, demo: gr.Blocks) -> FeaturesTab:
     search.submit(tab.table, inputs_kwargs=listing, outputs=[table, summary], api_name=False)
     if default_block:
         demo.load(tab.table, inputs_kwargs=listing, outputs=[table, summary])
+    # the benchmark follows the model however it is set (the user, or open_feature from another tab)
+    benchmark = [bench_note, bench_table, bench_plot]
+    model.change(tab.benchmark, inputs_kwargs={"model": model}, outputs=benchmark, api_name=False)
+    demo.load(tab.benchmark, inputs_kwargs={"model": model}, outputs=benchmark, api_name="features_benchmark")
     # for a link from another tab (app.py): open_feature's inputs after the choice, and its outputs after the tabs
     tab.open_inputs = {"sort_by": sort_by, "search": search}
     tab.open_outputs = [model, block, sort_by, search, table, summary, feature, *shown]
@@ -123,7 +132,9 @@ class FeaturesTab:
 
         self.bench = bench
         self.open_inputs, self.open_outputs = {}, []  # set by build_features_tab
-        self.lm_sets = lm_card_sets(lm_sae_roots(lm_roots))
+        self.lm_roots = lm_sae_roots(lm_roots)
+        self.lm_sets = lm_card_sets(self.lm_roots)
+        self.image_results_dir = None  # where experiments.image_saebench's runs are (None: experiments/results)
         self._lm_cards: dict = {}
 
     # ----- which model: the image model's library, or a language model's SAE cards --------------------
@@ -219,6 +230,44 @@ class FeaturesTab:
     @user_errors
     def feature_card(self, block: str, feature):
         return self._feature_card(block, feature)
+
+    # ----- SAEBench's results of the model's SAEs ---------------------------------------------------------
+    @user_errors
+    def benchmark(self, model: str):
+        """(a note, the table of key metrics per SAE, SAEBench's metric-vs-L0 plot) of the bench results of the
+        model's SAEs, read as written (`saes.bench.results`); a model without any: the note says what makes them."""
+        import pandas as pd
+
+        from saes.bench.plots import figure
+        from saes.bench.results import ROOT, image_results, lm_results
+
+        from ui.lm_steer import find_lm_saes
+
+        if model not in self.models():
+            raise ValueError(f"choose a model: one of {', '.join(self.models())}")
+        if self.is_lm(model):
+            results = lm_results(model, find_lm_saes(self.lm_roots))
+        else:
+            results = image_results(model, *([self.image_results_dir] if self.image_results_dir else []))
+        if not results.rows:
+            return (f"No SAEBench results for {model}'s SAEs here: `{results.command}` makes them.",
+                    pd.DataFrame(columns=["SAE"]), None)
+        headers, rows = results.table()
+
+        def shown(path: str) -> str:
+            path = Path(path).resolve()
+            return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+        note = (f"SAEBench results of {len(rows)} SAE(s) of {model}, read from "
+                f"{', '.join(f'`{shown(s)}`' for s in dict.fromkeys(results.sources))} (as written, not recomputed; "
+                f"{'docs/saebench.md' if self.is_lm(model) else 'docs/image-saebench.md'} reads them). "
+                f"More: `{results.command}`.")
+        fig = figure(results.rows, results.panels, title=f"SAEBench metrics against L0: {model}", width=None)
+        # the page's width for the panels: the legend under them, the panels' titles small enough not to overlap
+        fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.22, "font": {"size": 10}},
+                          height=440 + 11 * len(rows), margin={"t": 70, "b": 20})
+        fig.update_annotations(font_size=11)
+        return note, pd.DataFrame(rows, columns=headers), fig
 
     # ----- a language model's cards -------------------------------------------------------------------
     def lm_table(self, model: str, block: str, sort_by: str, search: str):

@@ -69,6 +69,12 @@ TABLE = (("L0", "l0", "{:.1f}"), ("CE score", "core:ce_loss_score", "{:.3f}"),
          ("SAE top-2", "sparse_probing:sae_top_2_test_accuracy", "{:.3f}"),
          ("SAE top-5", "sparse_probing:sae_top_5_test_accuracy", "{:.3f}"),
          ("SAE top-20", "sparse_probing:sae_top_20_test_accuracy", "{:.3f}"))
+# the later evals' headline metrics (the UI's table shows them after TABLE's; the markdown table of docs/saebench.md
+# is TABLE's): absorption's scores, SCR and TPP at 20 latents ablated
+LATER_EVALS = (("absorption", "absorption_first_letter:mean_absorption_fraction_score", "{:.3f}"),
+               ("full absorption", "absorption_first_letter:mean_full_absorption_score", "{:.3f}"),
+               ("SCR (20)", "scr:scr_metric_threshold_20", "{:.3f}"),
+               ("TPP (20)", "tpp:tpp_threshold_20_total_metric", "{:.3f}"))
 
 
 def markdown_table(rows) -> str:
@@ -111,23 +117,34 @@ def write_png(rows, path: Path) -> None:
         plt.close(fig)
 
 
-def write_html(rows, path: Path, plotlyjs: str = "inline") -> None:
+# the panels as (row key, title): every row holds its metrics as "<eval_type_id>:<metric>"
+LM_PANELS = tuple((f"{eval_type}:{name}", title) for eval_type, _, name, title in PANELS)
+
+
+def figure(rows, panels=LM_PANELS, title: str = "SAEBench metrics against L0 (saes bench)", width: int | None = 0):
+    """The plotly figure of SAEBench's standard plot: one panel per (row key, title) of `panels`, each SAE a point
+    at (its L0, the metric), log x. width: pixels (0: 360 a panel; None: the page's)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from interp.atomic import atomic_write_text
-
-    fig = make_subplots(rows=1, cols=len(PANELS), subplot_titles=[p[3] for p in PANELS])
-    for col, (_, _, name, _) in enumerate(PANELS, 1):
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels])
+    for col, (key, _) in enumerate(panels, 1):
         for i, row in enumerate(rows):
-            if row.get(name) is None:
+            if row.get(key) is None:
                 continue
-            fig.add_trace(go.Scatter(x=[row["l0"]], y=[row[name]], mode="markers", name=label(row),
+            fig.add_trace(go.Scatter(x=[row["l0"]], y=[row[key]], mode="markers", name=label(row),
                                      legendgroup=label(row), showlegend=col == 1,
                                      marker={"size": 10, "color": f"hsl({(i * 137) % 360},60%,45%)"}),
                           row=1, col=col)
         fig.update_xaxes(type="log", title_text="L0", row=1, col=col)
-    fig.update_layout(height=420, width=360 * len(PANELS), title="SAEBench metrics against L0 (saes bench)")
+    fig.update_layout(height=420, title=title, **({} if width is None else {"width": width or 360 * len(panels)}))
+    return fig
+
+
+def write_html(rows, path: Path, plotlyjs: str = "inline") -> None:
+    from interp.atomic import atomic_write_text
+
+    fig = figure(rows)
     include = True if plotlyjs == "inline" else "cdn"  # cdn: a small page that loads plotly.js from its CDN
     atomic_write_text(path, fig.to_html(include_plotlyjs=include, full_html=True))
 
