@@ -145,7 +145,8 @@ def run(*, d_in: int = 64, n_features: int = 256, d_sae: int = 256, k: int | Non
         if name not in TRAINERS or name in TRANSCODER_TRAINERS:
             raise ValueError(f"unknown SAE trainer {name!r}; choose among {', '.join(sae_trainers())}")
     if data_seed == seed:
-        raise ValueError("data_seed must differ from seed (see run's docstring)")
+        raise ValueError(f"data_seed must differ from seed (both {seed}): the planted dictionary and the untrained "
+                         "decoders both start from torch.randn under their seed")
     model = make_synthetic_model(d_in, n_features, data_seed)
     torch.manual_seed(data_seed + 10)
     true_l0 = float((model.activation_generator.sample(20_000) > 0).sum(1).float().mean())
@@ -214,10 +215,16 @@ def main() -> None:
     if args.samples < args.batch_size:
         parser.error("--samples must hold at least one batch")
     torch.set_num_threads(args.threads)
-    result = run(d_in=args.d_in, n_features=args.features, d_sae=args.d_sae, k=args.k, samples=args.samples,
-                 batch_size=args.batch_size, lr=args.lr, eval_samples=args.eval_samples, seed=args.seed,
-                 data_seed=args.data_seed,
-                 architectures=args.architectures)
+    if args.k is not None and not 1 <= args.k <= args.d_sae:
+        parser.error(f"--k must be in 1..--d-sae ({args.d_sae}), got {args.k}")
+    if not 0 < args.lr < 1:
+        parser.error(f"--lr must be in (0, 1), got {args.lr}")
+    try:
+        result = run(d_in=args.d_in, n_features=args.features, d_sae=args.d_sae, k=args.k, samples=args.samples,
+                     batch_size=args.batch_size, lr=args.lr, eval_samples=args.eval_samples, seed=args.seed,
+                     data_seed=args.data_seed, architectures=args.architectures)
+    except ValueError as err:  # an unknown trainer, equal seeds, a bad option: one line, nothing written
+        parser.error(str(err))
     result.update({"cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
                    "sae_lens": __import__("sae_lens").__version__,
                    "command": "python -m benchmarks.synthetic_trainers " + " ".join(
