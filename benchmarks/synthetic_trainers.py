@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from saes.train import TrainConfig
-from saes.trainers import TRAINERS, TRANSCODER_TRAINERS, make_trainer
+from saes.trainers import TRAINERS, TRANSCODER_TRAINERS, LensTrainer, make_trainer
 
 # Sparsity settings of the architectures without a k (their L0 follows a penalty): chosen once on this dataset
 # so that their L0 lands near the planted L0; the table reports each SAE's L0 so the reader sees where it landed.
@@ -160,7 +160,7 @@ def run(*, d_in: int = 64, n_features: int = 256, d_sae: int = 256, k: int | Non
                                                                   eval_samples, data_seed + 2)}}
     trained = train_interleaved(architectures, batches, d_sae=d_sae, k=k, lr=lr, seed=seed, options=options)
     for name, (sae, seconds, median_step) in trained.items():
-        rows[name] = {"architecture": name, "via": "sae-lens SAETrainer.step" if name in LENS else "ours",
+        rows[name] = {"architecture": name, "via": "sae-lens SAETrainer.step" if issubclass(TRAINERS[name], LensTrainer) else "ours",
                       "seconds": seconds, "samples_per_s": n / seconds, "median_step_s": median_step,
                       "options": options.get(name, {}), **evaluate(sae, model, eval_samples, data_seed + 2)}
         r = rows[name]
@@ -173,9 +173,6 @@ def run(*, d_in: int = 64, n_features: int = 256, d_sae: int = 256, k: int | Non
                          "data_seed": data_seed, "dead_after_tokens": max(1, n // 10)},
             "eval": "sae_lens.synthetic.eval_sae_on_synthetic_data",
             "rows": rows}
-
-
-LENS = ("lens-topk", "batchtopk", "matryoshka", "jumprelu", "standard", "gated")
 
 
 def table(result: dict) -> str:
@@ -209,7 +206,8 @@ def main() -> None:
     for name, value, low, high in (("--d-in", args.d_in, 2, 4096), ("--features", args.features, 2, 65536),
                                    ("--d-sae", args.d_sae, 2, 65536), ("--samples", args.samples, 1, 10**8),
                                    ("--batch-size", args.batch_size, 1, 65536),
-                                   ("--eval-samples", args.eval_samples, 1, 10**7), ("--threads", args.threads, 1, 256)):
+                                   ("--eval-samples", args.eval_samples, 1, 10**7),
+                                   ("--threads", args.threads, 1, 256)):
         if not low <= value <= high:
             parser.error(f"{name} must be in {low}..{high}, got {value}")
     if args.samples < args.batch_size:
