@@ -176,12 +176,13 @@ def run(*, d_in: int = 64, n_features: int = 256, d_sae: int = 256, k: int | Non
 
 
 def table(result: dict) -> str:
-    lines = ["| trainer | via | samples/s | MCC | uniqueness | F1 | precision | recall | L0 | dead | shrinkage | EV |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| trainer | via | samples/s | median step ms | MCC | uniqueness | F1 | precision | recall | L0 | dead | shrinkage | EV |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in result["rows"].items():
         c = r["classification"]
         speed = f"{r['samples_per_s']:,.0f}" if r["samples_per_s"] else "-"
-        lines.append(f"| {name} | {r.get('via', '-')} | {speed} | {r['mcc']:.3f} | {r['uniqueness']:.3f} | "
+        step = f"{1e3 * r['median_step_s']:.1f}" if r.get("median_step_s") else "-"
+        lines.append(f"| {name} | {r.get('via', '-')} | {speed} | {step} | {r['mcc']:.3f} | {r['uniqueness']:.3f} | "
                      f"{c['f1_score']:.3f} | {c['precision']:.3f} | {c['recall']:.3f} | {r['sae_l0']:.1f} | "
                      f"{r['dead_latents']} | {r['shrinkage']:.3f} | {r['explained_variance']:.3f} |")
     return "\n".join(lines)
