@@ -1,6 +1,6 @@
 """Every SAE trainer of this project, judged on planted features: sae-lens' synthetic data and its own eval.
 
-    OMP_NUM_THREADS=2 python -m benchmarks.synthetic_trainers [--samples 1000000] [--threads 2]
+    OMP_NUM_THREADS=2 python -m benchmarks.synthetic_trainers --samples 819200 --batch-size 512 --lr 2e-3 [--threads 2]
         [--out experiments/results/synthetic_trainers.json]
 
 One synthetic dataset from sae-lens 6 (`sae_lens.synthetic.SyntheticModel`): `--features` planted unit directions
@@ -8,7 +8,8 @@ in `--d-in` dimensions (more features than dimensions: superposition), Zipfian f
 of features (a child fires only with its parent; some siblings mutually exclusive), low-rank correlations between
 features, noisy magnitudes and a bias, all from one seed. One stream of `--samples` activations is drawn from it
 once, and every trainer of saes.trainers.TRAINERS (the SAEs; transcoders are not SAEs) trains on exactly those
-batches through saes.train.train, timed (samples/s of the whole training call, data already in memory). The
+batches, stepped in turn batch by batch as saes.train.train drives a trainer (so that load from other processes
+hits all alike); samples/s is the stream over each trainer's own seconds in prepare + step (data in memory). The
 sae-lens architectures (lens-topk, batchtopk, matryoshka, jumprelu, standard, gated) train through sae-lens' own
 SAETrainer.step (saes.trainers.LensTrainer); topk and p-anneal are this project's own trainers.
 
