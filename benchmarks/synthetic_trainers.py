@@ -161,7 +161,8 @@ def run(*, d_in: int = 64, n_features: int = 256, d_sae: int = 256, k: int | Non
                                                                   eval_samples, data_seed + 2)}}
     trained = train_interleaved(architectures, batches, d_sae=d_sae, k=k, lr=lr, seed=seed, options=options)
     for name, (sae, seconds, median_step) in trained.items():
-        rows[name] = {"architecture": name, "via": "sae-lens SAETrainer.step" if issubclass(TRAINERS[name], LensTrainer) else "ours",
+        via = "sae-lens SAETrainer.step" if issubclass(TRAINERS[name], LensTrainer) else "ours"
+        rows[name] = {"architecture": name, "via": via,
                       "seconds": seconds, "samples_per_s": n / seconds, "median_step_s": median_step,
                       "options": options.get(name, {}), **evaluate(sae, model, eval_samples, data_seed + 2)}
         r = rows[name]
@@ -177,7 +178,8 @@ def run(*, d_in: int = 64, n_features: int = 256, d_sae: int = 256, k: int | Non
 
 
 def table(result: dict) -> str:
-    lines = ["| trainer | via | samples/s | median step ms | MCC | uniqueness | F1 | precision | recall | L0 | dead | shrinkage | EV |",
+    lines = ["| trainer | via | samples/s | median step ms | MCC | uniqueness | F1 | precision | recall | L0 | dead "
+             "| shrinkage | EV |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in result["rows"].items():
         c = r["classification"]
