@@ -86,7 +86,8 @@ def test_every_trainer_under_two_gloo_ranks_equals_one_process_on_the_global_bat
             torch.testing.assert_close(ddp["trainer"]["queue"], single["trainer"]["queue"], rtol=1e-5, atol=1e-5)
         else:
             assert (single["trainer"]["sae"]["tokens_since_fired"] >= PER_RANK * WORLD).any()
-        rank0, rank1 = (torch.load(launch / "ddp" / architecture / f"inference{r}.pt") for r in (0, 1))
+        rank0, rank1 = (torch.load(launch / "ddp" / architecture / f"inference{r}.pt", weights_only=True)
+                        for r in (0, 1))
         for name in rank0:
             torch.testing.assert_close(rank0[name], rank1[name], rtol=0, atol=0, msg=f"{architecture} {name}")
     for rank in range(WORLD):

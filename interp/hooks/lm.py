@@ -44,6 +44,11 @@ MLP_HOOKS = {"mlp.hook_in": "mlp_in", "mlp.hook_out": "mlp_out"}
 _NAME = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|mlp\.hook_in|mlp\.hook_out)$")
 
 
+def is_lm_hook(name) -> bool:
+    """Whether ``name`` is one of a language model's hook names (a residual site or the MLP side's input/output)."""
+    return isinstance(name, str) and _NAME.match(name) is not None
+
+
 def mlp_hook_names(layer: int) -> tuple[str, str]:
     """(the MLP's input, its output) hook names of ``layer``: what a transcoder of that layer reads and writes."""
     return f"blocks.{layer}.mlp.hook_in", f"blocks.{layer}.mlp.hook_out"
@@ -421,6 +426,6 @@ def last_token_residuals(lm, prompts: Sequence[str], hook: str = "resid_post", c
     return torch.cat(out)
 
 
-__all__ = ["MLP_HOOKS", "RESIDUAL_HOOKS", "mlp_hook_names", "LMHookError", "ResidualCapture", "StopAfter", "capture_residuals", "check_hooks",
+__all__ = ["MLP_HOOKS", "RESIDUAL_HOOKS", "is_lm_hook", "mlp_hook_names", "LMHookError", "ResidualCapture", "StopAfter", "capture_residuals", "check_hooks",
            "decoder_layers", "format_prompts", "right_padded", "language_model", "last_token_residuals", "model_sites", "parse_hook_name",
            "last_needed_layer", "residual_capture", "residual_hook_names", "stop_after", "strip_trailing_punctuation"]

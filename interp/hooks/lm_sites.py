@@ -353,66 +353,45 @@ def register_stream_hooks(session, sites: LMSites, layer: int, kind: str,
     the session's context. With ``writes``, a tensor ``on_stream`` returns (not the same object) replaces the
     stream there, so everything downstream reads it; None or the same tensor leaves the pass alone."""
     handles = session._handles
-    if kind in ("mlp_in", "mlp_out"):
+
+    # kwargs optional: torch can call a kwargs hook without them while registering it (see scoped.py)
+    def on_input(module, args, kwargs=None):
+        if not session._active():
+            return None
+        kwargs = kwargs or {}
+        x = args[0] if args else kwargs["hidden_states"]
+        y = on_stream(x)
+        if not writes or y is None or y is x:
+            return None
+        if args:
+            return (y,) + tuple(args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": y}
+
+    def on_output(module, args, output):
+        if not session._active():
+            return None
+        x = _first(output)
+        y = on_stream(x)
+        if not writes or y is None or y is x:
+            return None
+        return _with_first(output, y)
+
+    if kind in ("mlp_in", "mlp_out"):  # the MLP side's own input / output (what a transcoder reads and writes)
         mlp = sites.mlp_module(layer)
         if kind == "mlp_in":
-            def on_mlp_input(module, args, kwargs=None):
-                if not session._active():
-                    return None
-                kwargs = kwargs or {}
-                x = args[0] if args else kwargs["hidden_states"]
-                y = on_stream(x)
-                if not writes or y is None or y is x:
-                    return None
-                if args:
-                    return (y,) + tuple(args[1:]), kwargs
-                return args, {**kwargs, "hidden_states": y}
-
-            handles.append(mlp.register_forward_pre_hook(on_mlp_input, with_kwargs=True))
+            handles.append(mlp.register_forward_pre_hook(on_input, with_kwargs=True))
         else:
-            def on_mlp_output(module, args, output):
-                if not session._active():
-                    return None
-                x = _first(output)
-                y = on_stream(x)
-                if not writes or y is None or y is x:
-                    return None
-                return _with_first(output, y)
-
-            handles.append(mlp.register_forward_hook(on_mlp_output))
+            handles.append(mlp.register_forward_hook(on_output))
         return
     sites.check(kind)
     for register in STREAM_REGISTRARS:  # another backend's way to reach the site (nnsight: interp.hooks.lm_nnsight)
         if register(session, sites, layer, kind, on_stream, writes):
             return
     block = sites.layers[layer]
-
-    if kind == "resid_pre":
-        # kwargs optional: torch can call a kwargs hook without them while registering it (see scoped.py)
-        def on_input(module, args, kwargs=None):
-            if not session._active():
-                return None
-            kwargs = kwargs or {}
-            x = args[0] if args else kwargs["hidden_states"]
-            y = on_stream(x)
-            if not writes or y is None or y is x:
-                return None
-            if args:
-                return (y,) + tuple(args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": y}
-
+    if kind == "resid_pre":  # the block's input
         handles.append(block.register_forward_pre_hook(on_input, with_kwargs=True))
         return
-    if kind == "resid_post":
-        def on_output(module, args, output):
-            if not session._active():
-                return None
-            x = _first(output)
-            y = on_stream(x)
-            if not writes or y is None or y is x:
-                return None
-            return _with_first(output, y)
-
+    if kind == "resid_post":  # the block's output
         handles.append(block.register_forward_hook(on_output))
         return
     if kind != "resid_mid":

@@ -139,10 +139,11 @@ def saved_hook_name(directory: str | os.PathLike) -> str | None:
 
 
 def _sae_kind(directory: Path) -> str:
-    """An SAE directory's kind: the hook it reads is a language model's residual hook, or a denoiser's site."""
-    from ..hooks.lm_steer import is_residual_hook
+    """An SAE directory's kind: the hook it reads is a language model's (a residual site, or the MLP side's input or
+    output that a transcoder reads), or a denoiser's site."""
+    from ..hooks.lm import is_lm_hook
 
-    return LM if is_residual_hook(saved_hook_name(directory)) else T2I
+    return LM if is_lm_hook(saved_hook_name(directory)) else T2I
 
 
 def saved_kind(path: str | os.PathLike) -> str | None:

@@ -141,24 +141,6 @@ def parse_evals(text: str) -> list[EvalType]:
     return [known[n] for n in dict.fromkeys(names)]
 
 
-def sae_kind(sae) -> str:
-    """"lm" for an SAE on a language model's residual hook (blocks.L.hook_...), else "t2i" (a U-Net / DiT block);
-    the model it records decides first when it names one this project knows."""
-    metadata = sae.cfg.metadata or {}
-    hook = str(metadata.get("hook_name") or "")
-    if hook.startswith("blocks.") and ".hook_" in hook:
-        return "lm"
-    model = metadata.get("model_name")
-    if model:
-        try:
-            from interp.models.spec import model_spec
-
-            return model_spec(model).kind
-        except Exception:  # an unknown name: fall back on the hook's form
-            pass
-    return "t2i" if hook else "lm"
-
-
 def check_kinds(eval_type: EvalType, sae_kind_: str, model_kind: str, sae_label: str, model_name: str) -> None:
     """One clear line when an eval type cannot read this SAE or model."""
     what = {"lm": "a language-model SAE", "t2i": "an image-model SAE"}
@@ -172,4 +154,4 @@ def check_kinds(eval_type: EvalType, sae_kind_: str, model_kind: str, sae_label:
 
 
 __all__ = ["BenchOptions", "EVAL_REGISTRY", "EvalResult", "EvalType", "LIMITS", "check_kinds", "eval_types",
-           "parse_evals", "register_eval", "sae_kind"]
+           "parse_evals", "register_eval"]

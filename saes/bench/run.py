@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from .registry import LIMITS, BenchOptions, check_kinds, parse_evals, sae_kind
+from .registry import LIMITS, BenchOptions, check_kinds, parse_evals
 from .schema import envelope, result_path, validate, schemas, write_result
 
 
@@ -41,7 +41,7 @@ def check_lm_hook(sae, lm, hook: str) -> None:
 
 def prepare(sae_dirs, model_name: str, eval_names: str, options_for, progress: bool = False):
     """Everything checked before any eval runs: [(name, dir, sae, options)], the eval types, the model."""
-    from interp.models.spec import model_spec
+    from interp.models.spec import model_spec, saved_kind
 
     from ..sae import SAE
 
@@ -63,7 +63,7 @@ def prepare(sae_dirs, model_name: str, eval_names: str, options_for, progress: b
     model_kind = model_spec(model_name).kind
     for eval_type in evals:
         for name, sae_dir, sae, _ in loaded:
-            check_kinds(eval_type, sae_kind(sae), model_kind, f"the SAE at {sae_dir}", model_name)
+            check_kinds(eval_type, saved_kind(sae_dir), model_kind, f"the SAE at {sae_dir}", model_name)
     if model_kind == "lm":  # the hook and the width from the model's config, before its weights load
         described = model_spec(model_name).describe()
         for name, sae_dir, sae, options in loaded:

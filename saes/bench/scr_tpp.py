@@ -483,20 +483,25 @@ def _run_one(sae, lm, hook, train_sets, test_sets, config, classes, say):
     return ablation_accuracies(probes, sae, test_BLD, effects, config, classes), clean
 
 
-def run_scr(sae, lm, hook: str, records: list[tuple[str, str]], config: ScrTppConfig | None = None,
-            progress=None, dataset_name: str = DATASET_NAME) -> tuple[dict, list[dict]]:
-    """SCR -> ({"scr_metrics": {...}}, [per class pair: {"dataset_name", ...}])."""
+def _start(sae, lm, hook: str, records, config: ScrTppConfig | None, scr: bool, progress):
+    """What SCR and TPP share before their first probe: (config, say, the float SAE, the records by class), the
+    inputs checked and the random generators seeded as SAEBench seeds them."""
     config = config or ScrTppConfig()
-    config.perform_scr = True
+    config.perform_scr = scr
     check_inputs(sae, lm, hook, config)
-    say = progress or (lambda message: None)
-    sae = _float_sae(sae)
-    pairs = config.column1_vals_lookup.get(dataset_name) or []
-    if not pairs:
-        raise ScrTppError(f"column1_vals_lookup names no class pair for {dataset_name}")
     random.seed(config.random_seed)
     torch.manual_seed(config.random_seed)
     split = _by_class(records, random.Random(config.random_seed))
+    return config, progress or (lambda message: None), _float_sae(sae), split
+
+
+def run_scr(sae, lm, hook: str, records: list[tuple[str, str]], config: ScrTppConfig | None = None,
+            progress=None, dataset_name: str = DATASET_NAME) -> tuple[dict, list[dict]]:
+    """SCR -> ({"scr_metrics": {...}}, [per class pair: {"dataset_name", ...}])."""
+    config, say, sae, split = _start(sae, lm, hook, records, config, True, progress)
+    pairs = config.column1_vals_lookup.get(dataset_name) or []
+    if not pairs:
+        raise ScrTppError(f"column1_vals_lookup names no class pair for {dataset_name}")
     for a, b in pairs:
         for label in (a, b):
             if label not in split:
@@ -516,14 +521,7 @@ def run_scr(sae, lm, hook: str, records: list[tuple[str, str]], config: ScrTppCo
 def run_tpp(sae, lm, hook: str, records: list[tuple[str, str]], config: ScrTppConfig | None = None,
             progress=None, dataset_name: str = DATASET_NAME) -> tuple[dict, list[dict]]:
     """TPP -> ({"tpp_metrics": {...}}, [{"dataset_name", ...}])."""
-    config = config or ScrTppConfig()
-    config.perform_scr = False
-    check_inputs(sae, lm, hook, config)
-    say = progress or (lambda message: None)
-    sae = _float_sae(sae)
-    random.seed(config.random_seed)
-    torch.manual_seed(config.random_seed)
-    split = _by_class(records, random.Random(config.random_seed))
+    config, say, sae, split = _start(sae, lm, hook, records, config, False, progress)
     classes = [c for c in config.tpp_classes if c in split] if config.tpp_classes else list(split)
     missing = [c for c in config.tpp_classes if c not in split]
     if missing:
