@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from saes.bench.results import IMAGE_HEADLINE as HEADLINE  # (eval, metric, column title), shared with the UI
+from saes.bench.results import markdown_table, trainer_summary
 
 
 def cpu_model() -> str:
@@ -34,17 +35,29 @@ def cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
+SHIPPED_TRAINER = "topk-shipped"  # the shipped TopK SAEs (saes/pretrained/<model>), beside a set trained in --trained
+
+
+def sae_directory(trainer: str, block: str, shipped: Path, trained: Path | None) -> Path | None:
+    """Where `trainer`'s SAE of `block` is: `topk-shipped` is the shipped TopK; any other trainer is
+    `<trained>/<trainer>/<block>`, but for `topk` without --trained (the shipped set, as before)."""
+    if trainer == SHIPPED_TRAINER or (trainer == "topk" and trained is None):
+        return shipped / block
+    return trained / trainer / block if trained else None
+
+
 def load_saes(trainers: list[str], blocks: list[str], shipped: Path, trained: Path | None) -> dict:
+    """Every trainer's SAE of every block, checked to exist before any is loaded (a missing one: one line)."""
     from saes.sae import SAE
 
-    saes = {}
+    directories = {}
     for trainer in trainers:
         for block in blocks:
-            directory = shipped / block if trainer == "topk" else (trained / trainer / block if trained else None)
+            directory = sae_directory(trainer, block, shipped, trained)
             if directory is None or not (directory / "cfg.json").is_file():
                 raise ValueError(f"no {trainer} SAE for {block} (looked in {directory}); train it or drop the trainer")
-            saes[f"{trainer}/{block}"] = (block, SAE.load(directory))
-    return saes
+            directories[f"{trainer}/{block}"] = (block, directory)
+    return {name: (block, SAE.load(directory)) for name, (block, directory) in directories.items()}
 
 
 def run(args) -> None:
@@ -106,6 +119,9 @@ def report_markdown(data: dict) -> str:
                 values = [v for v in values if v is not None]
                 cells.append(_fmt(sum(values) / len(values)) if values else "-")
             lines.append(f"| {trainer} | " + " | ".join(cells) + " |")
+        headers, rows = trainer_summary(data)
+        lines += ["", "Which trainer wins each metric (mean over blocks; noise: twice the margin's standard error over "
+                  "the metric's items, paired where they are the same tasks):", "", markdown_table(headers, rows)]
     seconds, cpu = {}, {}
     for s in saes.values():
         for e, r in s["evals"].items():

@@ -131,6 +131,61 @@ def test_loss_recovered_known_answers():
     assert bench.loss_recovered(clean, zero, clean) is None
 
 
+def _run_of(probing: dict, absorption: dict) -> dict:
+    """An experiments.image_saebench run: {(trainer, block): per-task top-1 accuracies} and {(trainer, block):
+    per-concept absorption fractions}, with the metrics their means."""
+    saes = {}
+    for (trainer, block), tasks in probing.items():
+        concepts = absorption[trainer, block]
+        evals = {"image_sparse_probing": {
+                     "metrics": {"sae_top_1_test_accuracy": float(np.mean(list(tasks.values())))},
+                     "details": {"attributes": {"colour": {"values": {
+                         v: {"sae_top_1_test_accuracy": a} for v, a in tasks.items()}}}}},
+                 "image_absorption": {
+                     "metrics": {"mean_absorption_fraction_score": float(np.mean(list(concepts.values())))},
+                     "details": {"values": {c: {"absorption_fraction": f} for c, f in concepts.items()}}}}
+        saes[f"{trainer}/{block}"] = {"trainer": trainer, "block": block, "evals": evals}
+    return {"model": "toy", "saes": saes}
+
+
+def test_trainer_summary_names_each_metrics_winner_its_margin_and_whether_it_is_noise():
+    from saes.bench.results import trainer_summary
+
+    tasks = ["red", "green", "blue", "pink"]
+    # probing: a is 0.1 above b on every task of both blocks (paired: no noise), though the tasks differ widely
+    base = {"red": 0.9, "green": 0.6, "blue": 0.8, "pink": 0.5}
+    probing = {(t, b): {v: base[v] - (0.1 if t == "b" else 0.0) for v in tasks} for t in "ab" for b in ("x", "y")}
+    # absorption (lower is better): b below a by 0.05 on average, but by +-0.3 from concept to concept: a tie
+    absorption = {("a", b): dict(zip(tasks, [0.5, 0.5, 0.5, 0.5])) for b in ("x", "y")}
+    absorption.update({("b", b): dict(zip(tasks, [0.8, 0.15, 0.75, 0.1])) for b in ("x", "y")})
+    headers, rows = trainer_summary(_run_of(probing, absorption))
+    table = {row[0]: dict(zip(headers, row)) for row in rows}
+    top1 = table["probe top-1"]
+    assert (top1["winner"], top1["runner-up"], top1["margin"], top1["noise (2 SE)"], top1["blocks won"],
+            top1["reading"]) == ("a", "b", 0.1, 0.0, "2/2", "wins")
+    assert top1["mean"] == pytest.approx(0.7)
+    absorbed = table["absorption"]
+    assert (absorbed["winner"], absorbed["margin"], absorbed["reading"]) == ("b", 0.05, "tie")
+    # paired differences (+0.3, -0.35, +0.25, -0.4) in each block: SE 0.188 a block, of the two blocks' mean 0.133
+    assert absorbed["noise (2 SE)"] == pytest.approx(2 * 0.18819 / 2 ** 0.5, abs=1e-3)
+    # one trainer: nothing to compare
+    assert trainer_summary(_run_of({k: v for k, v in probing.items() if k[0] == "a"}, absorption))[1] == []
+
+
+def test_image_saebench_finds_each_trainers_sae_and_refuses_a_missing_one_in_one_line(tmp_path):
+    from experiments.image_saebench import load_saes, sae_directory
+
+    shipped, trained = tmp_path / "shipped", tmp_path / "trained"
+    assert sae_directory("topk-shipped", "b", shipped, trained) == shipped / "b"
+    assert sae_directory("topk", "b", shipped, trained) == trained / "topk" / "b"  # the like-for-like TopK
+    assert sae_directory("topk", "b", shipped, None) == shipped / "b"  # no trained set: the shipped one
+    assert sae_directory("gated", "b", shipped, None) is None
+    (shipped / "b").mkdir(parents=True)
+    (shipped / "b" / "cfg.json").write_text("not read: every SAE is found before any is loaded")
+    with pytest.raises(ValueError, match=r"^no gated SAE for b \(looked in .*trained/gated/b\); train it or drop"):
+        load_saes(["topk-shipped", "gated"], ["b"], shipped, trained)
+
+
 def test_unlearning_scores_from_readings():
     from zoo.shapes import ProbeReading, Scene, ShapeObject
 

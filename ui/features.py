@@ -239,7 +239,7 @@ class FeaturesTab:
         import pandas as pd
 
         from saes.bench.plots import figure
-        from saes.bench.results import ROOT, image_results, lm_results
+        from saes.bench.results import ROOT, image_results, lm_results, markdown_table
 
         from ui.lm_steer import find_lm_saes
 
@@ -262,7 +262,13 @@ class FeaturesTab:
                 f"{', '.join(f'`{shown(s)}`' for s in dict.fromkeys(results.sources))} (as written, not recomputed; "
                 f"{'docs/saebench.md' if self.is_lm(model) else 'docs/image-saebench.md'} reads them). "
                 f"More: `{results.command}`.")
-        fig = figure(results.rows, results.panels, title=f"SAEBench metrics against L0: {model}", width=None)
+        for run, summary_headers, summary in results.summaries:  # a cross-trainer run: which trainer wins what
+            note += (f"\n\n**Which trainer wins each metric** (run `{run}`; mean over its blocks, a margin within "
+                     f"twice its standard error is a tie):\n\n{markdown_table(summary_headers, summary)}")
+        # an image model's runs: one colour and legend entry per trainer and run (a point's SAE on hover)
+        group = None if self.is_lm(model) else (lambda row: f"{row['trainer']} ({row['run']})")
+        fig = figure(results.rows, results.panels, title=f"SAEBench metrics against L0: {model}", width=None,
+                     group=group)
         # the page's width for the panels: the legend under them, the panels' titles small enough not to overlap
         fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.22, "font": {"size": 10}},
                           height=440 + 11 * len(rows), margin={"t": 70, "b": 20})

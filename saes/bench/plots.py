@@ -121,21 +121,27 @@ def write_png(rows, path: Path) -> None:
 LM_PANELS = tuple((f"{eval_type}:{name}", title) for eval_type, _, name, title in PANELS)
 
 
-def figure(rows, panels=LM_PANELS, title: str = "SAEBench metrics against L0 (saes bench)", width: int | None = 0):
+def figure(rows, panels=LM_PANELS, title: str = "SAEBench metrics against L0 (saes bench)", width: int | None = 0,
+           group=None):
     """The plotly figure of SAEBench's standard plot: one panel per (row key, title) of `panels`, each SAE a point
-    at (its L0, the metric), log x. width: pixels (0: 360 a panel; None: the page's)."""
+    at (its L0, the metric), log x. width: pixels (0: 360 a panel; None: the page's). group: a function of a row
+    naming its legend entry and colour (e.g. its trainer), shared by the rows it names alike; None: one per SAE."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
+    names = [label(row) if group is None else group(row) for row in rows]
+    colours = {name: f"hsl({(i * 137) % 360},60%,45%)" for i, name in enumerate(dict.fromkeys(names))}
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels])
     for col, (key, _) in enumerate(panels, 1):
-        for i, row in enumerate(rows):
+        shown = set()
+        for row, name in zip(rows, names):
             if row.get(key) is None:
                 continue
-            fig.add_trace(go.Scatter(x=[row["l0"]], y=[row[key]], mode="markers", name=label(row),
-                                     legendgroup=label(row), showlegend=col == 1,
-                                     marker={"size": 10, "color": f"hsl({(i * 137) % 360},60%,45%)"}),
+            fig.add_trace(go.Scatter(x=[row["l0"]], y=[row[key]], mode="markers", name=name, legendgroup=name,
+                                     showlegend=col == 1 and name not in shown, text=[row["sae"]],
+                                     marker={"size": 10, "color": colours[name]}),
                           row=1, col=col)
+            shown.add(name)
         fig.update_xaxes(type="log", title_text="L0", row=1, col=col)
     fig.update_layout(height=420, title=title, **({} if width is None else {"width": width or 360 * len(panels)}))
     return fig
