@@ -7,6 +7,7 @@ timed, into one JSON and a markdown table.
     python -m experiments.image_saebench run --trainers topk batchtopk jumprelu standard matryoshka \
         --trained /work/scratch/bench-image/saes --out experiments/results/image_saebench_trainers.json
     python -m experiments.image_saebench report experiments/results/image_saebench_trainers.json
+    python -m experiments.image_saebench training saes/pretrained/toy-trainers   # the set's training numbers
 
 The trained SAEs come from `benchmarks`-style commands listed in docs/image-saebench.md (2M vectors each on the
 toy's store of 1500 world images; the shipped TopK SAEs had 10M on 3000).
@@ -170,6 +171,21 @@ def write_plot(data: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def training_table(trained: Path) -> str:
+    """The markdown table of a trained set's `train_summary.json` files (<trained>/<trainer>/<block>/): the training
+    vectors, the options, and the last logged step's EV, L0 and dead latents on its training batch."""
+    lines = ["| trainer | block | vectors | options | EV (train) | L0 (train) | dead |", "|---|---|---:|---|---:|---:|---:|"]
+    for path in sorted(trained.glob("*/*/train_summary.json")):
+        summary = json.loads(path.read_text())
+        final, config = summary["final_metrics"], summary["config"]
+        options = ", ".join(f"{k}={v}" for k, v in config["options"].items())
+        if config["architecture"] in ("topk", "batchtopk", "matryoshka"):
+            options = ", ".join(filter(None, [f"k={config['k']}", options]))
+        lines.append(f"| {path.parent.parent.name} | {path.parent.name} | {summary['tokens']:,} | {options or '-'} | "
+                     f"{final['explained_variance']:.3f} | {final['l0']:.1f} | {final.get('dead_features', '-')} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m experiments.image_saebench")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -188,9 +204,13 @@ def main(argv=None) -> None:
     r.add_argument("--out", required=True)
     p = sub.add_parser("report")
     p.add_argument("results")
+    t = sub.add_parser("training", help="print the markdown table of a trained set's final training metrics")
+    t.add_argument("trained", help="root of <trainer>/<block> SAE directories with train_summary.json")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args)
+    elif args.command == "training":
+        print(training_table(Path(args.trained)), end="")
     else:
         path = Path(args.results)
         data = json.loads(path.read_text())
