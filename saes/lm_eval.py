@@ -202,3 +202,13 @@ def lm_eval_command(args) -> int:
 
 
 __all__ = ["check_sae_for_model", "lm_eval_command", "lm_table", "scored_sequences", "splice_losses", "wants_lm_eval"]
+
+
+def eval_command(args) -> int:
+    """`python -m saes eval`: a language model's SAE here (splice loss on --text, EV on an LM store), any other in
+    `saes.evaluate.image_eval_command`."""
+    from .evaluate import image_eval_command
+
+    if wants_lm_eval(args):
+        return lm_eval_command(args)
+    return image_eval_command(args)
