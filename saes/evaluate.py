@@ -12,7 +12,7 @@ from typing import Iterable
 
 import torch
 
-from interp.cli import MIXED_DEFAULT, add_backend_argument, add_dtype_argument, at_least, dtype_name
+from interp.cli import MIXED_DEFAULT, add_backend_argument, add_dtype_argument, add_out_argument, at_least, dtype_name
 
 from .pool import load_model, model_block
 from .sae import SAE
@@ -135,7 +135,7 @@ def add_eval_arguments(parser) -> None:
     parser.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
     add_backend_argument(parser, what="--text: ")
     add_dtype_argument(parser, default=None, said=MIXED_DEFAULT)
-    parser.add_argument("--out", default=None, help="JSON path (default: SAE_DIR/eval.json, or for a shipped SAE "
+    add_out_argument(parser, default=None, help="JSON path (default: SAE_DIR/eval.json, or for a shipped SAE "
                                                     "runs/eval/<its path>/eval.json; .md beside it)")
 
 

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from interp.atomic import atomic_write_text
-from interp.cli import MIXED_DEFAULT, add_backend_argument, add_dtype_argument, at_least, probability
+from interp.cli import MIXED_DEFAULT, add_backend_argument, add_dtype_argument, add_out_argument, at_least, probability
 from interp.shipped import refuse_shipped
 
 from .pool import (FEATURES_FILENAME, AnalysisPool, load_model, model_block, orphaned_cards, pool_fingerprint,
@@ -167,7 +167,7 @@ def add_features_arguments(parser) -> None:
                              "pool that other blocks' cards point into; without it either is an error")
     add_dtype_argument(parser, default=None, said=MIXED_DEFAULT)
     parser.add_argument("--threads", type=at_least(1), default=1)
-    parser.add_argument("--out", default=None, help="directory for features.html and features_summary.json (LM "
+    add_out_argument(parser, default=None, help="directory for features.html and features_summary.json (LM "
                                                     "SAEs: for features.json and features.html; default: the SAE's)")
     parser.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
                                                      "with Dolly's or text fields, or plain text lines)")

@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from interp.cli import lm_dtype
+from interp.cli import LM_DTYPE, parse_dtype
 
 from .evaluate import evaluate, markdown_table, write_eval
 from .sae import SAE
@@ -177,7 +177,7 @@ def lm_eval_command(args) -> int:
         torch.set_num_threads(args.threads)
         documents = read_documents(args.text)  # bad files fail before the model loads
         lm = load_lm(args.model, backend=getattr(args, "backend", "hf"), device=getattr(args, "device", None) or "cpu",
-                     dtype=lm_dtype(args.dtype))
+                     dtype=parse_dtype(args.dtype, default=LM_DTYPE))
         check_sae_for_model(sae, lm, hook)
         recorded = sae.cfg.metadata.get("model_name")
         if recorded and recorded != args.model:

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write_text
-from interp.cli import dtype_name, lm_dtype
+from interp.cli import LM_DTYPE, dtype_name, parse_dtype
 from interp.hooks.lm_steer import is_residual_hook
 from interp.models.spec import LM, saved_kind
 from interp.models.spec import saved_hook_name as sae_hook_name  # what an SAE directory reads (named here too)
@@ -418,7 +418,7 @@ def lm_features_command(args) -> int:
         refuse_shipped(out_dirs, "saes features", ANALYSE_ELSEWHERE)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_lm(model, backend=getattr(args, "backend", "hf"), dtype=lm_dtype(getattr(args, "dtype", None)))
+    lm = load_lm(model, backend=getattr(args, "backend", "hf"), dtype=parse_dtype(getattr(args, "dtype", None), default=LM_DTYPE))
     for (directory, sae), out in zip(saes, out_dirs):
         payload = analyse_lm_sae(lm, sae, args.text, out, config, model_name=args.model_name or model,
                                  sae_dir=directory, overwrite=args.overwrite)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write
-from interp.cli import t2i_dtype
+from interp.cli import parse_dtype
 
 from .strict_json import dumps, write_json
 
@@ -173,7 +173,7 @@ def load_model(args):
     from interp.models import load_t2i
 
     torch.set_num_threads(args.threads)
-    model = load_t2i(args.model, device=getattr(args, "device", None), dtype=t2i_dtype(getattr(args, "dtype", None)))
+    model = load_t2i(args.model, device=getattr(args, "device", None), dtype=parse_dtype(getattr(args, "dtype", None)))
     # --steps / --guidance replace the model's defaults for every generation of the command
     # (a pipeline outside the known names defaults to its pipeline class's own steps and guidance).
     if getattr(args, "steps", None) is not None:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from interp.atomic import atomic_write_text
-from interp.cli import add_dtype_argument, at_least
+from interp.cli import add_dtype_argument, add_out_argument, at_least
 
 from .evaluate import evaluate
 from .fidelity import fidelity_table, splice_fidelity
@@ -352,7 +352,7 @@ def add_report_arguments(parser) -> None:
     parser.add_argument("--model-name", default=None, help="the model's name in the report (default: --model)")
     add_dtype_argument(parser, default=None)
     parser.add_argument("--threads", type=at_least(1), default=1)
-    parser.add_argument("--out", default=None, help="default: --root")
+    add_out_argument(parser, default=None, help="default: --root")
     parser.add_argument("--overwrite", action="store_true",
                         help="rewrite REPORT.md and report.json shipped with the repository (saes/pretrained/...)")
 
@@ -397,7 +397,7 @@ def add_probe_arguments(parser) -> None:
                         help="generations with each block ablated in turn, read by the probe (0: none)")
     add_dtype_argument(parser, default=None)
     parser.add_argument("--threads", type=at_least(1), default=1)
-    parser.add_argument("--out", required=True, help="directory for probes.json and PROBES.md")
+    add_out_argument(parser, required=True, help="directory for probes.json and PROBES.md")
 
 
 def probe_command(args) -> int:

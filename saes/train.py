@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from interp.atomic import atomic_write, atomic_write_text
-from interp.cli import at_least, parse_options
+from interp.cli import add_out_argument, at_least, parse_options
 
 from .sae import SAE
 from .strict_json import dumps, write_json
@@ -425,7 +425,7 @@ def add_train_arguments(parser) -> None:
     """`saes train`: the store and block, the architecture and its sizes, the schedule, resuming."""
     parser.add_argument("--store", required=True, help="activation store directory (python -m interp collect)")
     parser.add_argument("--block", required=True, help="block name, e.g. unet.mid_block.attentions.0")
-    parser.add_argument("--out", required=True, help="output directory: SAE, checkpoint, train_log.jsonl")
+    add_out_argument(parser, required=True, help="output directory: SAE, checkpoint, train_log.jsonl")
     parser.add_argument("--architecture", default="topk",
                         help="topk or p-anneal (ours), or sae-lens': batchtopk, matryoshka, jumprelu, standard, gated, "
                              "lens-topk; transcoders (with --target-block): topk-transcoder, batchtopk-transcoder")
