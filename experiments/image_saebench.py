@@ -64,7 +64,6 @@ def load_saes(trainers: list[str], blocks: list[str], shipped: Path, trained: Pa
 def run(args) -> None:
     import torch
 
-    import zoo  # noqa: F401  (registers the embedded models that --model names)
     from interp.models.t2i import load_t2i
     from saes.bench.image import EVAL_TYPES, ImageBenchConfig, run_image_evals
     from saes.strict_json import write_json
