@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from saes.bench.results import IMAGE_HEADLINE as HEADLINE  # (eval, metric, column title), shared with the UI
-from saes.bench.results import markdown_table, trainer_summary
+from saes.bench.results import SHIPPED_TRAINER, markdown_table, trainer_summary  # topk-shipped: the shipped TopK
 
 
 def cpu_model() -> str:
@@ -36,7 +36,6 @@ def cpu_model() -> str:
         return platform.processor() or "unknown"
 
 
-SHIPPED_TRAINER = "topk-shipped"  # the shipped TopK SAEs (saes/pretrained/<model>), beside a set trained in --trained
 
 
 def sae_directory(trainer: str, block: str, shipped: Path, trained: Path | None) -> Path | None:
@@ -121,8 +120,9 @@ def report_markdown(data: dict) -> str:
                 cells.append(_fmt(sum(values) / len(values)) if values else "-")
             lines.append(f"| {trainer} | " + " | ".join(cells) + " |")
         headers, rows = trainer_summary(data)
-        lines += ["", "Which trainer wins each metric (mean over blocks; noise: twice the margin's standard error over "
-                  "the metric's items, paired where they are the same tasks):", "", markdown_table(headers, rows)]
+        lines += ["", f"Which trainer wins each metric (mean over blocks; noise: twice the margin's standard error "
+                  f"over the metric's items, paired where they are the same tasks; {SHIPPED_TRAINER}, trained on "
+                  f"another budget, is not ranked):", "", markdown_table(headers, rows)]
     seconds, cpu = {}, {}
     for s in saes.values():
         for e, r in s["evals"].items():
@@ -174,7 +174,8 @@ def write_plot(data: dict, path: Path) -> None:
 def training_table(trained: Path) -> str:
     """The markdown table of a trained set's `train_summary.json` files (<trained>/<trainer>/<block>/): the training
     vectors, the options, and the last logged step's EV, L0 and dead latents on its training batch."""
-    lines = ["| trainer | block | vectors | options | EV (train) | L0 (train) | dead |", "|---|---|---:|---|---:|---:|---:|"]
+    lines = ["| trainer | block | vectors | options | EV (train) | L0 (train) | dead |",
+             "|---|---|---:|---|---:|---:|---:|"]
     for path in sorted(trained.glob("*/*/train_summary.json")):
         summary = json.loads(path.read_text())
         final, config = summary["final_metrics"], summary["config"]

@@ -725,6 +725,15 @@ def test_features_tab_benchmark_shows_the_shipped_saes_saebench_results_or_the_c
     assert row["probe top-5"] == pytest.approx(entry["image_sparse_probing"]["metrics"]["sae_top_5_test_accuracy"],
                                                abs=5e-4)
     assert len(fig.data) >= len(shipped) and "image_saebench_shipped.json" in note
+    # a cross-trainer run: the note says which trainer wins each metric, as saes.bench.results computes it from the
+    # JSON; the plot has one legend entry per trainer and run
+    from saes.bench.results import markdown_table, trainer_summary
+
+    trainers = json.loads(Path("experiments/results/image_saebench_trainers_16x16.json").read_text())
+    assert "**Which trainer wins each metric** (run `trainers_16x16`" in note
+    assert markdown_table(*trainer_summary(trainers)) in note
+    legend = {t.name for t in fig.data if t.showlegend}
+    assert {f"{e['trainer']} (trainers_16x16)" for e in trainers["saes"].values()} <= legend
     # no results: one line naming the command that makes them, an empty table, no plot
     tab.image_results_dir = tmp_path
     note, rows, fig = tab.benchmark("toy")

@@ -158,6 +158,9 @@ def test_trainer_summary_names_each_metrics_winner_its_margin_and_whether_it_is_
     # absorption (lower is better): b below a by 0.05 on average, but by +-0.3 from concept to concept: a tie
     absorption = {("a", b): dict(zip(tasks, [0.5, 0.5, 0.5, 0.5])) for b in ("x", "y")}
     absorption.update({("b", b): dict(zip(tasks, [0.8, 0.15, 0.75, 0.1])) for b in ("x", "y")})
+    # the shipped TopK, on another budget, is shown beside the set but not ranked: its perfect probe wins nothing
+    probing.update({("topk-shipped", b): dict.fromkeys(tasks, 1.0) for b in ("x", "y")})
+    absorption.update({("topk-shipped", b): dict.fromkeys(tasks, 0.0) for b in ("x", "y")})
     headers, rows = trainer_summary(_run_of(probing, absorption))
     table = {row[0]: dict(zip(headers, row)) for row in rows}
     top1 = table["probe top-1"]
@@ -169,7 +172,7 @@ def test_trainer_summary_names_each_metrics_winner_its_margin_and_whether_it_is_
     # paired differences (+0.3, -0.35, +0.25, -0.4) in each block: SE 0.188 a block, of the two blocks' mean 0.133
     assert absorbed["noise (2 SE)"] == pytest.approx(2 * 0.18819 / 2 ** 0.5, abs=1e-3)
     # one trainer: nothing to compare
-    assert trainer_summary(_run_of({k: v for k, v in probing.items() if k[0] == "a"}, absorption))[1] == []
+    assert trainer_summary(_run_of({k: v for k, v in probing.items() if k[0] != "b"}, absorption))[1] == []
 
 
 def test_image_saebench_finds_each_trainers_sae_and_refuses_a_missing_one_in_one_line(tmp_path):

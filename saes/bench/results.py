@@ -42,13 +42,14 @@ IMAGE_HEADLINE = [  # (eval, metric, column title): experiments/image_saebench.p
 ]
 # which way is better, per headline metric a trainer can win (L0, the count of labels, the raw update's probe and
 # Moran's I of unlabelled features describe an SAE without ranking it)
-IMAGE_BETTER = {("image_reconstruction", "explained_variance"): 1, ("image_reconstruction", "denoiser_loss_recovered"): 1,
-                ("image_reconstruction", "latent_loss_recovered"): 1, ("image_reconstruction", "probe_accuracy_spliced"): 1,
-                ("image_sparse_probing", "sae_top_1_test_accuracy"): 1, ("image_sparse_probing", "sae_top_5_test_accuracy"): 1,
-                ("image_localisation", "mean_localisation"): 1, ("image_absorption", "mean_absorption_fraction_score"): -1,
-                ("image_absorption", "mean_full_absorption_score"): -1, ("image_unlearning", "unlearning_accuracy"): 1,
-                ("image_unlearning", "in_domain_retention"): 1, ("image_unlearning", "cross_domain_retention"): 1,
-                ("image_editing", "success_at_preservation"): 1}
+IMAGE_BETTER = {
+    ("image_reconstruction", "explained_variance"): 1, ("image_reconstruction", "denoiser_loss_recovered"): 1,
+    ("image_reconstruction", "latent_loss_recovered"): 1, ("image_reconstruction", "probe_accuracy_spliced"): 1,
+    ("image_sparse_probing", "sae_top_1_test_accuracy"): 1, ("image_sparse_probing", "sae_top_5_test_accuracy"): 1,
+    ("image_localisation", "mean_localisation"): 1, ("image_absorption", "mean_absorption_fraction_score"): -1,
+    ("image_absorption", "mean_full_absorption_score"): -1, ("image_unlearning", "unlearning_accuracy"): 1,
+    ("image_unlearning", "in_domain_retention"): 1, ("image_unlearning", "cross_domain_retention"): 1,
+    ("image_editing", "success_at_preservation"): 1}
 IMAGE_PANELS = (("image_reconstruction:denoiser_loss_recovered", "denoising loss recovered"),
                 ("image_reconstruction:explained_variance", "explained variance"),
                 ("image_sparse_probing:sae_top_5_test_accuracy", "sparse probing: top-5 latents"),
@@ -81,7 +82,8 @@ def item_values(evals: dict, eval_name: str, metric: str) -> dict | None:
     """The per-item values a headline metric averages, by item, read from the eval's details (None: a metric computed
     over many positions or images at once, or one number): sparse probing's attribute-value tasks (the metric is the
     mean of the attributes' means, these are its tasks), localisation's labelled features, absorption's and
-    unlearning's concepts. Items of the same name are the same task for every SAE of a block (but features)."""
+    unlearning's concepts, editing's RIEBench categories. Items of the same name are the same task for every SAE of
+    a block (but features)."""
     details = (evals.get(eval_name) or {}).get("details") or {}
     if eval_name == "image_sparse_probing" and metric.startswith("sae_top_"):
         return {f"{name}={value}": row[metric] for name, attribute in details.get("attributes", {}).items()
@@ -95,6 +97,8 @@ def item_values(evals: dict, eval_name: str, metric: str) -> dict | None:
                                                        "cross_domain_retention"):
         return {c: row["sae"][metric] for c, row in details.get("concepts", {}).items()
                 if row["sae"].get(metric) is not None}
+    if eval_name == "image_editing" and metric == "success_at_preservation" and details.get("categories"):
+        return dict(details["categories"])  # the best configuration's success per RIEBench category
     return None
 
 
@@ -132,14 +136,18 @@ def difference_error(a: list[dict], b: list[dict], eval_name: str, metric: str) 
     return sum(variances) ** 0.5 / len(variances) if variances else None
 
 
-def trainer_summary(data: dict) -> tuple[list[str], list[list]]:
+SHIPPED_TRAINER = "topk-shipped"  # experiments.image_saebench's name for the shipped TopK SAEs: a reference trained
+# on another budget and store, shown beside a like-for-like set but not ranked with it
+
+
+def trainer_summary(data: dict, exclude=(SHIPPED_TRAINER,)) -> tuple[list[str], list[list]]:
     """Which trainer wins each metric, from one `experiments.image_saebench` run holding several trainers: per metric
     of IMAGE_BETTER, the trainer best on its mean over the blocks every trainer has, its mean, the runner-up, the
     margin, twice the margin's standard error (`difference_error`: "-" where the metric has no items), how many of
     those blocks the winner is best on (ties count), and the reading: "tie" where the margin is within its noise
-    (or zero), else "wins"."""
+    or rounds to 0.000, else "wins" ("wins (no noise estimate)" where the metric has no items)."""
     saes = data.get("saes", {})
-    trainers = list(dict.fromkeys(entry["trainer"] for entry in saes.values()))
+    trainers = [t for t in dict.fromkeys(entry["trainer"] for entry in saes.values()) if t not in exclude]
     headers = ["metric", "winner", "mean", "runner-up", "margin", "noise (2 SE)", "blocks won", "reading"]
     if len(trainers) < 2:
         return headers, []
@@ -161,9 +169,10 @@ def trainer_summary(data: dict) -> tuple[list[str], list[list]]:
         noise = None if se is None else 2 * se
         won = sum(1 for b in blocks if all(sign * by[first, b][eval_name]["metrics"][metric]
                                            >= sign * by[t, b][eval_name]["metrics"][metric] for t in means))
-        tie = margin == 0 or (noise is not None and margin <= noise)
+        tie = round(margin, 3) == 0 or (noise is not None and margin <= noise)
+        reading = "tie" if tie else "wins" if noise is not None else "wins (no noise estimate)"
         rows.append([titles.get((eval_name, metric), metric), first, round(means[first], 3), second, round(margin, 3),
-                     "-" if noise is None else round(noise, 3), f"{won}/{len(blocks)}", "tie" if tie else "wins"])
+                     "-" if noise is None else round(noise, 3), f"{won}/{len(blocks)}", reading])
     return headers, rows
 
 
@@ -229,6 +238,6 @@ def image_results(model: str, folder=IMAGE_RESULTS) -> ModelResults:
     return ModelResults(model, rows, columns, IMAGE_PANELS, sources, image_command(model), summaries)
 
 
-__all__ = ["IMAGE_BETTER", "IMAGE_HEADLINE", "IMAGE_PANELS", "IMAGE_RESULTS", "ModelResults", "image_command",
-           "difference_error", "image_results", "item_values", "lm_command", "lm_results", "markdown_table", "standard_error",
-           "trainer_summary"]
+__all__ = ["IMAGE_BETTER", "IMAGE_HEADLINE", "IMAGE_PANELS", "IMAGE_RESULTS", "SHIPPED_TRAINER", "ModelResults",
+           "difference_error", "image_command", "image_results", "item_values", "lm_command", "lm_results",
+           "markdown_table", "standard_error", "trainer_summary"]
