@@ -5,7 +5,7 @@
 # The k trainers (topk, batchtopk, matryoshka) have k 8; JumpReLU is pulled to L0 8 by sae-lens' quadratic L0 penalty
 # (Gemma Scope 2's); the L1 trainers (standard, gated, p-anneal) have a fixed coefficient, so their L0 is what it
 # gives (docs/image-saebench.md). Finished SAEs are skipped, unfinished ones resume from their checkpoints.
-#   bash saes/pretrained/toy-trainers/train.sh                 # all of it (~40 min on one idle core)
+#   bash saes/pretrained/toy-trainers/train.sh                 # all of it (about an hour on one busy core)
 #   TRAINERS="topk jumprelu" BLOCKS="up_blocks.1.attentions.2" bash saes/pretrained/toy-trainers/train.sh
 set -uo pipefail
 RUN=${RUN:-runs/toy_trainers}
@@ -43,7 +43,8 @@ for block in $BLOCKS; do
             echo "$arch $block $(( $(date +%s) - start )) s"
         fi
         mkdir -p "$OUT/$arch/$block"
-        cp "$dir/cfg.json" "$dir/sae_weights.safetensors" "$dir/train_summary.json" "$OUT/$arch/$block/"
+        cp "$dir/cfg.json" "$dir/sae_weights.safetensors" "$dir/train_summary.json" "$dir/train_log.jsonl" \
+            "$OUT/$arch/$block/"
     done
 done
 echo done
