@@ -534,7 +534,11 @@ class _TranscoderTrainer:
     leave, as the TopK SAE's). TopK keeps each row's k largest latents; BatchTopK the batch's k * batch largest,
     and tracks the threshold sae-lens' BatchTopK tracks (a running mean of the smallest kept activation), so that
     inference runs it as a JumpReLU with that threshold (saved as sae-lens' ``jumprelu_transcoder``).
-    Options: skip (bool, a linear skip path), aux_k, aux_coefficient, threshold_lr."""
+    Options: skip (bool, a linear skip path), aux_k, aux_coefficient, threshold_lr.
+
+    Under torchrun, data parallel on the global batch: averaged gradients (the loss is a mean over rows, its
+    variance the global batch's), BatchTopK's k x (all ranks' rows) kept over every rank (GlobalBatchTopK), a
+    latent fired if it fired on any rank, the threshold's smallest kept activation the minimum over ranks."""
 
     batch_topk = False
     OPTIONS = {"skip": False, "aux_k": 256, "aux_coefficient": 1 / 32, "threshold_lr": 0.01}
@@ -545,9 +549,6 @@ class _TranscoderTrainer:
         if not config.d_out:
             raise ValueError(f"{self.architecture} trains on (input, target) pairs: give the store's output hook "
                              "(saes train --target-block blocks.L.mlp.hook_out)")
-        if _distributed():  # its BatchTopK threshold and dead counts have no global rule yet: never per rank
-            raise ValueError(f"{self.architecture} trains in one process: run it without torchrun (the SAE "
-                             f"trainers run under it)")
         if not 0 < config.k <= config.d_sae:
             raise ValueError(f"k must be in 1..d_sae, got k={config.k} with d_sae={config.d_sae}")
         self.d_in, self.d_out, self.k, self.d_sae = config.d_in, config.d_out, config.k, config.d_sae
@@ -556,6 +557,8 @@ class _TranscoderTrainer:
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=config.lr, eps=6.25e-10)
         self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64)
         self.threshold = torch.zeros(())
+        if _distributed():  # DDP: averaged gradients; the batch-level rules below run over the global batch
+            average_gradients_across_ranks(self.sae)
 
     def prepare(self, first_batch: torch.Tensor) -> None:
         with torch.no_grad():
@@ -563,6 +566,8 @@ class _TranscoderTrainer:
 
     def _latents(self, pre: torch.Tensor) -> torch.Tensor:
         if self.batch_topk:
+            if _distributed():  # the k x (all ranks' rows) largest of the global batch (GlobalBatchTopK)
+                return GlobalBatchTopK(self.k)(pre)
             flat = pre.relu().flatten()
             top = flat.topk(min(self.k * pre.shape[0], flat.numel()), sorted=False)
             return torch.zeros_like(flat).scatter(0, top.indices, top.values).view_as(pre)
@@ -594,13 +599,20 @@ class _TranscoderTrainer:
         set_decoder_unit_norm_(sae.W_dec.data)
         with torch.no_grad():
             active = latents > 0
-            self.tokens_since_fired += x.shape[0]
-            self.tokens_since_fired[active.any(0)] = 0
-            if self.batch_topk and active.any():
-                smallest = latents[active].min()
+            fired, n_tokens = active.any(0), x.shape[0]
+            smallest = (latents[active].min() if active.any() else latents.new_tensor(float("inf"))).reshape(1)
+            if _distributed():  # a latent fired if it fired on any rank; the smallest kept activation of all
+                fired = fired.to(torch.uint8)
+                dist.all_reduce(fired, op=dist.ReduceOp.MAX)
+                fired, n_tokens = fired.bool(), n_tokens * world_size()
+                dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+            self.tokens_since_fired += n_tokens
+            self.tokens_since_fired[fired] = 0
+            if self.batch_topk and torch.isfinite(smallest[0]):
+                smallest = smallest[0]
                 lr = float(self.options["threshold_lr"])
                 self.threshold = smallest if self.threshold == 0 else (1 - lr) * self.threshold + lr * smallest
-        return {"loss": float(loss.detach()), "mse_loss": float(mse.detach()), "aux_loss": float(aux),
+        return {"loss": float(loss.detach()), "mse_loss": float(mse.detach()), "aux_loss": float(aux.detach()),
                 "explained_variance": 1.0 - float(mse.detach()), "l0": float(active.sum(1).float().mean())}
 
     def n_dead(self) -> int:

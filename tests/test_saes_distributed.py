@@ -26,7 +26,9 @@ from saes.train import TrainConfig, train
 D_IN, PER_RANK, WORLD, STEPS, D_SAE = 16, 32, 2, 6, 128
 CASES = {"topk": {}, "batchtopk": {}, "matryoshka": {"matryoshka_widths": [16, 128]},
          "jumprelu": {"l0_coefficient": 0.1}, "standard": {"l1_coefficient": 0.5}, "lens-topk": {},
-         "gated": {"l1_coefficient": 0.5}, "p-anneal": {"warmup_steps": 2}}
+         "gated": {"l1_coefficient": 0.5}, "p-anneal": {"warmup_steps": 2},
+         "topk-transcoder": {"aux_k": 8}, "batchtopk-transcoder": {"aux_k": 8}}
+TRANSCODER_IN = 10  # transcoders read a row's first 10 numbers and predict its other 6
 
 
 def global_batches(n: int = STEPS):
@@ -38,7 +40,9 @@ def global_batches(n: int = STEPS):
 
 
 def config(architecture: str, batch_size: int) -> TrainConfig:
-    return TrainConfig(architecture=architecture, d_in=D_IN, d_sae=128, k=2, batch_size=batch_size, lr=1e-3,
+    widths = (dict(d_in=TRANSCODER_IN, d_out=D_IN - TRANSCODER_IN) if architecture.endswith("-transcoder")
+              else dict(d_in=D_IN))
+    return TrainConfig(architecture=architecture, **widths, d_sae=128, k=2, batch_size=batch_size, lr=1e-3,
                        total_tokens=PER_RANK * WORLD * STEPS, dead_after_tokens=PER_RANK * WORLD,
                        options=CASES[architecture], log_every_steps=1, checkpoint_every_steps=1000)
 
@@ -84,6 +88,11 @@ def test_every_trainer_under_two_gloo_ranks_equals_one_process_on_the_global_bat
             for key in ("p", "p_step_count", "sparsity_coeff"):
                 assert ddp["trainer"][key] == pytest.approx(single["trainer"][key], rel=1e-5), key
             torch.testing.assert_close(ddp["trainer"]["queue"], single["trainer"]["queue"], rtol=1e-5, atol=1e-5)
+        elif "threshold" in single["trainer"]:  # transcoders: dead-latent counts, BatchTopK's threshold
+            assert (single["trainer"]["tokens_since_fired"] >= PER_RANK * WORLD).any(), architecture
+            torch.testing.assert_close(ddp["trainer"]["tokens_since_fired"], single["trainer"]["tokens_since_fired"])
+            torch.testing.assert_close(ddp["trainer"]["threshold"], single["trainer"]["threshold"], rtol=0, atol=1e-6)
+            assert (float(single["trainer"]["threshold"]) > 0) == architecture.startswith("batchtopk"), architecture
         else:
             assert (single["trainer"]["sae"]["tokens_since_fired"] >= PER_RANK * WORLD).any()
         rank0, rank1 = (torch.load(launch / "ddp" / architecture / f"inference{r}.pt", weights_only=True)
