@@ -190,3 +190,118 @@ def slice_optimizer_state(state: dict, sae: ShardedTopKSAE) -> dict:
     return state
 
 
+
+
+# --- sae-lens architectures whose latents act one by one (standard, jumprelu) --------------------------------
+# Their encoder, activation and sparsity penalty are elementwise over latents, so a rank can hold any slice of
+# the latents: the reconstruction is a sum over latents (an all-reduce, as the TopK's), each rank's penalty term
+# is a sum over its own latents (which is all its parameters' gradient needs), and b_dec's gradient through the
+# encoder is summed over ranks. BatchTopK and Matryoshka (a global batch threshold, sae-lens' own auxiliary TopK
+# loss and prefix losses on dense decodes), gated and the others stay data parallel.
+LENS_SHARDED = {"W_enc": 1, "b_enc": 0, "W_dec": 0, "threshold": 0}  # parameter -> its latent dimension
+SHARDABLE = ("topk", "standard", "jumprelu")
+
+
+class ShardedLens:
+    """A sae-lens training SAE (standard or jumprelu) cut to this rank's latents, the same way as
+    ShardedTopKSAE: rank r of W holds latents [r d_sae / W, (r + 1) d_sae / W) of W_enc, b_enc, W_dec (and
+    jumprelu's threshold), their Adam moments and sae-lens' dead-latent counters; b_dec is on every rank. Every
+    rank trains on the all-gathered global batch, so the counters need no merging. Built before sae-lens'
+    trainer (whose optimiser and counters then hold the slice)."""
+
+    def __init__(self, sae, architecture: str):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        d_sae = sae.cfg.d_sae
+        check_shardable(d_sae, world)
+        cfg = sae.cfg
+        if architecture == "standard" and cfg.lp_norm != 1:
+            raise ValueError(f"--shard-latents trains a standard SAE with its L1 penalty (lp_norm 1), not lp_norm "
+                             f"{cfg.lp_norm}: an Lp norm over the latents is not a sum of each rank's")
+        if architecture == "jumprelu" and cfg.jumprelu_sparsity_loss_mode == "quadratic":
+            raise ValueError("--shard-latents trains jumprelu with the step or tanh sparsity loss, not quadratic "
+                             "(a function of each row's L0 over all ranks)")
+        if getattr(cfg, "normalize_activations", "none") not in ("none", None):
+            raise ValueError("--shard-latents trains on activations as they are (normalize_activations none)")
+        self.sae, self.d_sae = sae, d_sae
+        self.n_local, self.first = d_sae // world, rank * (d_sae // world)
+        with torch.no_grad():
+            for name, dim in LENS_SHARDED.items():
+                value = getattr(sae, name, None)
+                if isinstance(value, torch.nn.Parameter):
+                    setattr(sae, name, torch.nn.Parameter(value.narrow(dim, self.first, self.n_local).clone()))
+        sae.cfg.d_sae = self.n_local  # sae-lens' trainer sizes its counters by it
+        self.sharded = {id(getattr(sae, name)) for name in LENS_SHARDED if hasattr(sae, name)}
+        process_sae_in, decode_rest = sae.process_sae_in, sae.hook_sae_recons
+
+        def shared_process_sae_in(x):  # b_dec's gradient through the encoder: summed over the ranks' slices
+            return _SharedInput.apply(process_sae_in(x))
+
+        def decode(feature_acts):  # TrainingSAE.decode with the sum over latents taken over every rank
+            out = decode_rest(_SumOverRanks.apply(feature_acts @ sae.W_dec) + sae.b_dec)
+            return sae.reshape_fn_out(sae.run_time_activation_norm_fn_out(out), sae.d_head)
+
+        sae.process_sae_in, sae.decode = shared_process_sae_in, decode
+
+    def global_batch(self, batch: torch.Tensor) -> torch.Tensor:
+        return _all_gather_cat(batch, 0)
+
+    def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+        """torch's clip_grad_norm_ (which sae-lens' step calls) with the norm of the whole SAE's gradient: the
+        slices' squares summed over ranks, b_dec's once."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if norm_type != 2.0:
+            raise ValueError("sharded gradient clipping takes the 2-norm")
+        mine = torch.zeros(2, dtype=torch.float64)
+        for p in self.sae.parameters():
+            if p.grad is not None:
+                mine[0 if id(p) in self.sharded else 1] += p.grad.double().square().sum()
+        shared = mine[1].clone()
+        dist.all_reduce(mine)
+        total = (mine[0] + shared).sqrt().float()
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for grad in grads:
+            grad.mul_(scale)
+        return total
+
+    def reported(self, losses: dict[str, float], l0: float) -> tuple[dict[str, float], float]:
+        """Each rank's penalty terms and L0 cover its own latents: their sums are the whole SAE's."""
+        names = sorted(name for name in losses if name != "mse_loss")
+        values = torch.tensor([losses[name] for name in names] + [l0], dtype=torch.float64)
+        dist.all_reduce(values)
+        summed = dict(zip(names, values[:-1].tolist()))
+        return {**losses, **summed}, float(values[-1])
+
+    # --- one whole SAE in checkpoints -------------------------------------------------------------------
+    def full(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        base = name.rsplit(".", 1)[-1]
+        return _all_gather_cat(value, LENS_SHARDED[base]) if base in LENS_SHARDED else value
+
+    def part(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        base = name.rsplit(".", 1)[-1]
+        if base not in LENS_SHARDED:
+            return value
+        if value.shape[LENS_SHARDED[base]] != self.d_sae:
+            raise ValueError(f"the checkpoint holds {value.shape[LENS_SHARDED[base]]} latents, not {self.d_sae}")
+        return value.narrow(LENS_SHARDED[base], self.first, self.n_local).clone()
+
+    def _moments(self, state: dict, convert) -> dict:
+        names = [name for name, _ in self.sae.named_parameters()]
+        state = {**state, "state": dict(state["state"])}
+        for position, name in enumerate(names):
+            entry = state["state"].get(position)
+            if entry is not None:
+                state["state"][position] = {key: convert(name, value) if key in ("exp_avg", "exp_avg_sq") else value
+                                            for key, value in entry.items()}
+        return state
+
+    def gather_optimizer_state(self, state: dict) -> dict:
+        return self._moments(state, self.full)
+
+    def slice_optimizer_state(self, state: dict) -> dict:
+        return self._moments(state, self.part)
+
+    def gather_counter(self, counter: torch.Tensor) -> torch.Tensor:
+        return _all_gather_cat(counter, 0)
+
+    def slice_counter(self, counter: torch.Tensor) -> torch.Tensor:
+        return counter[self.first:self.first + self.n_local].clone()

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from interp.atomic import atomic_write, atomic_write_text
 
 from .sae import SAE
+from .sharded import SHARDABLE
 from .strict_json import dumps, write_json
 from .trainers import TRAINERS, make_trainer
 
@@ -76,7 +77,7 @@ class TrainConfig:
     seed: int = 0
     metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, store path
     autocast: bool = False  # topk: the dense encoder product in bf16 (it only picks the latents; docs/dtype.md)
-    shard_latents: bool = False  # topk under torchrun: each rank holds d_sae / world latents (saes/sharded.py)
+    shard_latents: bool = False  # topk, standard, jumprelu under torchrun: d_sae / world latents a rank (saes/sharded.py)
     d_out: int = 0  # transcoders: the target's width (each batch row is input then target); 0 for an SAE
 
     def validate(self) -> "TrainConfig":
@@ -89,8 +90,11 @@ class TrainConfig:
                      "checkpoint_every_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.shard_latents and (self.architecture != "topk" or self.autocast):
-            raise ValueError("--shard-latents is an option of the topk trainer, without --autocast")
+        if self.shard_latents and (self.architecture not in SHARDABLE or self.autocast):
+            raise ValueError(f"--shard-latents works for {', '.join(SHARDABLE)} (without --autocast), not "
+                             f"{self.architecture}{' with --autocast' if self.architecture in SHARDABLE else ''}: "
+                             "batchtopk and matryoshka (a global batch threshold, prefix losses), gated, lens-topk, "
+                             "p-anneal and the transcoders train data parallel")
         if self.d_out < 0:
             raise ValueError(f"d_out must be positive for a transcoder (0 for an SAE), got {self.d_out}")
         if self.autocast and self.architecture != "topk":

@@ -236,6 +236,11 @@ class LensTrainer:
             raise ValueError(f"bad options for sae-lens {self.lens_architecture}: {err}") from err
         torch.manual_seed(config.seed)  # the same seed on every rank: the ranks start identical
         self.sae = sae_cls(lens_cfg)
+        self.shards = None
+        if getattr(config, "shard_latents", False) and _distributed():  # this rank's latents (saes.sharded)
+            from .sharded import ShardedLens
+
+            self.shards = ShardedLens(self.sae, self.architecture)
         global_batch = config.batch_size * world_size()  # under DDP, batch_size is each rank's share
         steps = max(1, config.total_tokens // global_batch)
         trainer_cfg = SAETrainerConfig(
@@ -244,7 +249,7 @@ class LensTrainer:
             feature_sampling_window=10**12)  # sampling-window logging goes to wandb only; never reset
         self.trainer = SAETrainer(cfg=trainer_cfg, sae=self.sae, data_provider=iter(()))
         self.d_sae = config.d_sae
-        if _distributed():
+        if _distributed() and self.shards is None:
             self.distribute()
 
     def distribute(self) -> None:
@@ -264,6 +269,8 @@ class LensTrainer:
 
     def step(self, batch: torch.Tensor) -> dict[str, float]:
         t = self.trainer
+        if self.shards is not None:
+            return self._sharded_step(batch)
         freq_before = t.act_freq_scores.clone() if _distributed() else None
         output = t.step(batch)
         t.n_training_steps += 1
@@ -275,39 +282,77 @@ class LensTrainer:
             dist.all_reduce(fired)
             t.act_freq_scores = freq_before + fired
             t.n_training_samples += batch.shape[0] * (world_size() - 1)  # the global batch's samples
+        return self._metrics(output)
+
+    def _metrics(self, output) -> dict[str, float]:
         with torch.no_grad():
             sae_in = output.sae_in
             mse = (output.sae_out - sae_in).pow(2).sum() / (sae_in - sae_in.mean(0)).pow(2).sum()
             l0 = float((output.feature_acts > 0).sum(-1).float().mean())
-        metrics = {"loss": float(output.loss.detach()), "explained_variance": 1.0 - float(mse), "l0": l0}
-        metrics.update({name: float(value.detach()) for name, value in output.losses.items()})
-        return metrics
+        losses = {name: float(value.detach()) for name, value in output.losses.items()}
+        if self.shards is not None:  # penalties and L0 of this rank's latents: summed over ranks
+            losses, l0 = self.shards.reported(losses, l0)
+        loss = float(output.loss.detach()) if self.shards is None else sum(losses.values())
+        return {"loss": loss, "explained_variance": 1.0 - float(mse), "l0": l0, **losses}
+
+    def _sharded_step(self, batch: torch.Tensor) -> dict[str, float]:
+        """Latent-sharded: sae-lens' own step on the global batch, its gradient clipping taking the norm of the
+        whole SAE's gradient (saes.sharded.ShardedLens)."""
+        t = self.trainer
+        clip, torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad_norm_, self.shards.clip_grad_norm_
+        try:
+            output = t.step(self.shards.global_batch(batch))
+        finally:
+            torch.nn.utils.clip_grad_norm_ = clip
+        t.n_training_steps += 1
+        return self._metrics(output)
 
     def n_dead(self) -> int:
-        return int(self.trainer.dead_neurons.sum())
+        dead = self.trainer.dead_neurons.sum().reshape(1)
+        if self.shards is not None:
+            dist.all_reduce(dead)
+        return int(dead[0])
+
+    COUNTERS = ("act_freq_scores", "n_forward_passes_since_fired")  # (d_sae,): a slice each when sharded
 
     def state_dict(self) -> dict:
-        t = self.trainer
-        return {"sae": self.sae.state_dict(), "optimizer": t.optimizer.state_dict(),
-                "lr_scheduler": t.lr_scheduler.state_dict(), "n_training_steps": t.n_training_steps,
-                "n_training_samples": t.n_training_samples, "act_freq_scores": t.act_freq_scores,
-                "n_forward_passes_since_fired": t.n_forward_passes_since_fired,
-                "n_frac_active_samples": t.n_frac_active_samples}
+        """The whole SAE's training state; latent-sharded, gathered from every rank (a collective)."""
+        t, shards = self.trainer, self.shards
+        sae_state, optimizer = self.sae.state_dict(), t.optimizer.state_dict()
+        counters = {name: getattr(t, name) for name in self.COUNTERS}
+        if shards is not None:
+            sae_state = {name: shards.full(name, value) for name, value in sae_state.items()}
+            optimizer = shards.gather_optimizer_state(optimizer)
+            counters = {name: shards.gather_counter(value) for name, value in counters.items()}
+        return {"sae": sae_state, "optimizer": optimizer, "lr_scheduler": t.lr_scheduler.state_dict(),
+                "n_training_steps": t.n_training_steps, "n_training_samples": t.n_training_samples,
+                **counters, "n_frac_active_samples": t.n_frac_active_samples}
 
     def load_state_dict(self, state: dict) -> None:
-        t = self.trainer
-        self.sae.load_state_dict(state["sae"])
-        t.optimizer.load_state_dict(state["optimizer"])
+        """A whole SAE's state, from a run on any number of ranks, latent-sharded or not."""
+        t, shards = self.trainer, self.shards
+        sae_state, optimizer = state["sae"], state["optimizer"]
+        counters = {name: state[name] for name in self.COUNTERS}
+        if shards is not None:
+            sae_state = {name: shards.part(name, value) for name, value in sae_state.items()}
+            optimizer = shards.slice_optimizer_state(optimizer)
+            counters = {name: shards.slice_counter(value) for name, value in counters.items()}
+        self.sae.load_state_dict(sae_state)
+        t.optimizer.load_state_dict(optimizer)
         t.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        for name in ("n_training_steps", "n_training_samples", "act_freq_scores",
-                     "n_forward_passes_since_fired", "n_frac_active_samples"):
+        for name in ("n_training_steps", "n_training_samples", "n_frac_active_samples"):
             setattr(t, name, state[name])
+        for name, value in counters.items():
+            setattr(t, name, value)
 
     def to_inference(self, **metadata) -> SAE:
         """Through sae-lens' own inference export (folds decoder norms, BatchTopK -> JumpReLU)."""
         state = {name: tensor.detach().clone() for name, tensor in self.sae.state_dict().items()}
+        if self.shards is not None:  # the whole SAE, gathered (a collective)
+            state = {name: self.shards.full(name, value) for name, value in state.items()}
         self.sae.process_state_dict_for_saving_inference(state)
         cfg = self.sae.cfg.get_inference_sae_cfg_dict()
+        cfg["d_sae"] = self.d_sae
         cfg.setdefault("metadata", {}).update(metadata)
         return SAE.from_sae_lens(cfg, state)
 

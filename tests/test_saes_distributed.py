@@ -11,6 +11,7 @@ auxiliary losses (AuxK) and dead-latent rules run too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import torch
 from interp.cli import user_error_message
 from saes.sae import SAE
 from saes.train import TrainConfig, train
+from saes.trainers import make_trainer
 
 D_IN, PER_RANK, WORLD, STEPS, D_SAE = 16, 32, 2, 6, 128
 CASES = {"topk": {}, "batchtopk": {}, "matryoshka": {"matryoshka_widths": [16, 128]},
@@ -39,6 +41,13 @@ def global_batches(n: int = STEPS):
         yield weights @ dictionary + 0.2
 
 
+LENS_SHARDED = ("standard", "jumprelu")  # sae-lens architectures that --shard-latents takes
+
+
+def param_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
 def config(architecture: str, batch_size: int) -> TrainConfig:
     widths = (dict(d_in=TRANSCODER_IN, d_out=D_IN - TRANSCODER_IN) if architecture.endswith("-transcoder")
               else dict(d_in=D_IN))
@@ -52,6 +61,12 @@ def _data_parallel(out: Path, rank: int) -> None:
         mine = (batch[rank * PER_RANK:(rank + 1) * PER_RANK] for batch in global_batches())
         sae = train(config(architecture, PER_RANK), mine, Path(out) / architecture, progress=False)
         torch.save(sae.state_dict(), Path(out) / architecture / f"inference{rank}.pt")
+    for architecture in LENS_SHARDED:  # latent-sharded sae-lens architectures
+        mine = (batch[rank * PER_RANK:(rank + 1) * PER_RANK] for batch in global_batches())
+        sharded = dataclasses.replace(config(architecture, PER_RANK), shard_latents=True)
+        trainer = make_trainer(sharded)
+        (Path(out) / f"{architecture}-param_bytes{rank}.txt").write_text(str(param_bytes(trainer.sae)))
+        train(sharded, mine, Path(out) / f"{architecture}-sharded", progress=False)
     uneven = (batch[: PER_RANK - rank] for batch in global_batches())  # rank 1 passes one row fewer
     try:
         train(config("topk", PER_RANK), uneven, Path(out) / "uneven", progress=False)
@@ -99,6 +114,26 @@ def test_every_trainer_under_two_gloo_ranks_equals_one_process_on_the_global_bat
                         for r in (0, 1))
         for name in rank0:
             torch.testing.assert_close(rank0[name], rank1[name], rtol=0, atol=0, msg=f"{architecture} {name}")
+        if architecture in LENS_SHARDED:  # latent-sharded: the same training state, half the parameters a rank
+            sharded = torch.load(launch / "ddp" / f"{architecture}-sharded" / "checkpoint.pt", weights_only=True)
+            assert sharded["step"] == STEPS
+            for name, value in single["trainer"]["sae"].items():
+                assert sharded["trainer"]["sae"][name].shape == value.shape, name  # one whole SAE
+                torch.testing.assert_close(sharded["trainer"]["sae"][name], value, rtol=0, atol=1e-5,
+                                           msg=f"sharded {architecture} {name}")
+            for position, entry in single["trainer"]["optimizer"]["state"].items():
+                for key in ("exp_avg", "exp_avg_sq"):
+                    torch.testing.assert_close(sharded["trainer"]["optimizer"]["state"][position][key], entry[key],
+                                               rtol=1e-4, atol=1e-6)
+            for key in ("n_forward_passes_since_fired", "act_freq_scores"):
+                torch.testing.assert_close(sharded["trainer"][key], single["trainer"][key], msg=key)
+            x = next(global_batches(1))
+            torch.testing.assert_close(SAE.load(launch / "ddp" / f"{architecture}-sharded")(x),
+                                       SAE.load(tmp_path / "one" / architecture)(x), rtol=0, atol=1e-5)
+            whole = param_bytes(make_trainer(config(architecture, PER_RANK * WORLD)).sae)
+            for rank in range(WORLD):  # half of every latent's parameters; b_dec (d_in numbers) on every rank
+                got = int((launch / "ddp" / f"{architecture}-param_bytes{rank}.txt").read_text())
+                assert got == 4 * D_IN + (whole - 4 * D_IN) // 2, architecture
     for rank in range(WORLD):
         message = (launch / "ddp" / f"uneven{rank}.txt").read_text()
         assert message == ("batch 0: the ranks' batches hold between 31 and 32 rows; under torchrun every rank "
@@ -201,6 +236,16 @@ def test_latent_sharded_topk_equals_unsharded_and_resumes_after_a_rank_dies(laun
     resumed = _torchrun("resume", tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_training_state(tmp_path / "resumed", tmp_path / "one")
+
+
+
+def test_shard_latents_is_refused_in_one_line_where_it_is_not_defined():
+    for architecture, autocast in (("batchtopk", False), ("matryoshka", False), ("topk", True)):
+        with pytest.raises(ValueError) as err:
+            dataclasses.replace(config("topk", PER_RANK), architecture=architecture, autocast=autocast,
+                                shard_latents=True, options={}).validate()
+        assert "\n" not in str(err.value) and str(err.value).startswith(
+            "--shard-latents works for topk, standard, jumprelu (without --autocast), not "), str(err.value)
 
 
 if __name__ == "__main__":
