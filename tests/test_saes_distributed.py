@@ -248,5 +248,27 @@ def test_shard_latents_is_refused_in_one_line_where_it_is_not_defined():
             "--shard-latents works for topk, standard, jumprelu (without --autocast), not "), str(err.value)
 
 
+def test_the_backend_follows_the_device(monkeypatch):
+    """NCCL (with gloo for CPU tensors) for a CUDA device, this rank's GPU chosen; gloo otherwise. No GPU here:
+    NCCL's presence and the calls into torch are stood in for, and what init_process_group asks torch for is
+    checked."""
+    import torch.distributed as dist
+
+    from interp import distributed
+
+    calls = []
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout: calls.append(("init", backend)))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("device", index)))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert [distributed.backend_for(d) for d in ("cuda", "cuda:1", "cpu", None)] == ["nccl", "nccl", "gloo", "gloo"]
+    distributed.init_process_group("cuda")
+    distributed.init_process_group("cpu")
+    distributed.init_process_group()
+    assert calls == [("device", 3), ("init", "cpu:gloo,cuda:nccl"), ("init", "gloo"), ("init", "gloo")]
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)  # a CPU-only torch: gloo whatever the device
+    assert distributed.backend_for("cuda:0") == "gloo"
+
+
 if __name__ == "__main__":
     _worker(sys.argv[1], sys.argv[2])
