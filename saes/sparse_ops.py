@@ -216,10 +216,14 @@ class SparseTopKAutoencode(torch.autograd.Function):
     latent-major ordering of the entries (embedding bags), and pre_bias's gradient through the encoder is
     -(encoder_bias's gradient) @ encoder, a (d_sae,) x (d_sae, d_in) product instead of a (batch, d_in) one.
     Returns (reconstruction (batch, d_in), values (batch, k), the latents' values, not differentiable).
+    With a dict as `notes`, the backward also leaves there "decoder_parallel" (d_sae,): each decoder row's
+    gradient dotted with the row (sum of values x the latents' gradients), which the unit-norm rule needs and which
+    costs no pass over the (d_sae, d_in) gradient this way.
     """
 
     @staticmethod
-    def forward(ctx, chosen, centred, index, pre_bias, encoder_weight, encoder_bias, decoder_weight):
+    def forward(ctx, chosen, centred, index, pre_bias, encoder_weight, encoder_bias, decoder_weight, notes=None):
+        ctx.notes = notes
         values = chosen.relu()
         reconstruction = F.embedding_bag(index, decoder_weight, per_sample_weights=values, mode="sum")
         reconstruction += pre_bias
@@ -241,11 +245,15 @@ class SparseTopKAutoencode(torch.autograd.Function):
         grad_pre_bias = None
         if ctx.needs_input_grad[3]:
             grad_pre_bias = grad_reconstruction.sum(0) - grad_bias @ encoder_weight
+        if ctx.notes is not None:
+            ctx.notes["decoder_parallel"] = grad_bias.new_zeros(n_latents).index_add_(
+                0, index.reshape(-1), (values * grad_latents).reshape(-1))
         return (None, None, None, grad_pre_bias, grad_encoder, grad_bias if ctx.needs_input_grad[5] else None,
-                grad_decoder)
+                grad_decoder, None)
 
 
-def sparse_topk_autoencode(chosen, centred, index, pre_bias, encoder_weight, encoder_bias, decoder_weight):
+def sparse_topk_autoencode(chosen, centred, index, pre_bias, encoder_weight, encoder_bias, decoder_weight,
+                           notes: dict | None = None):
     """Functional form of `SparseTopKAutoencode`: (reconstruction, values)."""
     return SparseTopKAutoencode.apply(chosen, centred, index, pre_bias, encoder_weight, encoder_bias,
-                                      decoder_weight)
+                                      decoder_weight, notes)

@@ -89,13 +89,15 @@ def set_decoder_unit_norm_(decoder_weight: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def remove_parallel_gradient_(decoder_weight: torch.Tensor) -> None:
+def remove_parallel_gradient_(decoder_weight: torch.Tensor, parallel: torch.Tensor | None = None) -> None:
     """Drop the part of each row's gradient along the row, so a step does not change its norm
-    to first order (it only rotates the direction). decoder_weight: (d_sae, d_in), unit rows."""
+    to first order (it only rotates the direction). decoder_weight: (d_sae, d_in), unit rows.
+    parallel: (d_sae,) each row's gradient . row when already known (the sparse backward's), else computed."""
     if decoder_weight.grad is None:
         return
-    parallel = torch.linalg.vecdot(decoder_weight.grad, decoder_weight).unsqueeze(1)
-    decoder_weight.grad.addcmul_(parallel, decoder_weight, value=-1.0)
+    if parallel is None:
+        parallel = torch.linalg.vecdot(decoder_weight.grad, decoder_weight)
+    decoder_weight.grad.addcmul_(parallel.unsqueeze(1), decoder_weight, value=-1.0)
 
 
 def _world() -> int:
@@ -190,9 +192,10 @@ class TrainingTopKSAE(nn.Module):
                 pre_activations = torch.addmm(self.encoder_bias, centred, self.encoder_weight.t())
             latent_index, chosen = self._choose_latents(pre_activations, centred)
         # the sparse rest: reconstruction from the k chosen latents, every gradient in one sparse backward
+        self.notes = {}  # the backward's decoder_parallel (decoder_parallel() reads it)
         reconstruction, latent_values = sparse_topk_autoencode(chosen, centred, latent_index, self.pre_bias,
                                                                self.encoder_weight, self.encoder_bias,
-                                                               self.decoder_weight)
+                                                               self.decoder_weight, self.notes)
         mse_loss = normalized_mse(reconstruction, x)
         aux_loss = self._aux_loss(x, centred, pre_activations, reconstruction.detach())
         return {
@@ -203,6 +206,11 @@ class TrainingTopKSAE(nn.Module):
             "latent_index": latent_index,
             "latent_values": latent_values,
         }
+
+    def decoder_parallel(self) -> torch.Tensor | None:
+        """Each decoder row's gradient . row from the last backward, when the sparse decode gave the decoder's
+        whole gradient (no AuxK term this step, no gradient averaging across ranks afterwards); else None."""
+        return self.notes.pop("decoder_parallel", None) if getattr(self, "notes", None) else None
 
     def _choose_latents(self, pre_activations: torch.Tensor, centred: torch.Tensor):
         """((batch, k) indices of each row's top k latents, sorted per row; their float32 pre-activations).

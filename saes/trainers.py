@@ -157,7 +157,10 @@ class TopKTrainer:
     def step(self, batch: torch.Tensor) -> dict[str, float]:
         out = self._forward_module()(batch)
         out["loss"].backward()
-        remove_parallel_gradient_(self.sae.decoder_weight)
+        # the sparse backward's rows . gradients, when it alone gave the decoder's gradient (no AuxK term, no
+        # averaging across ranks): saves a pass over the (d_sae, d_in) gradient
+        alone = not out["aux_loss"].requires_grad and self._model is self.sae and not self.sharded
+        remove_parallel_gradient_(self.sae.decoder_weight, self.sae.decoder_parallel() if alone else None)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         set_decoder_unit_norm_(self.sae.decoder_weight.data)

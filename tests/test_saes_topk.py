@@ -61,6 +61,12 @@ def test_sparse_training_step_matches_dense_reference(with_dead_latents, d_sae):
     out = sae(x)
     out["loss"].backward()
     sparse_grads = {name: p.grad.clone() for name, p in sae.named_parameters()}
+    # the unit-norm rule's rows . gradients, from the sparse backward: exact when AuxK adds no decoder term
+    assert out["aux_loss"].requires_grad == with_dead_latents  # the trainer computes them itself then
+    if not with_dead_latents:
+        torch.testing.assert_close(sae.decoder_parallel(), torch.linalg.vecdot(sae.decoder_weight.grad,
+                                                                               sae.decoder_weight),
+                                   rtol=0, atol=1e-6)
     sae.zero_grad()
     ref = reference_losses(sae, x)
     ref["loss"].backward()
