@@ -192,24 +192,34 @@ def slice_optimizer_state(state: dict, sae: ShardedTopKSAE) -> dict:
 
 
 
-# --- sae-lens architectures whose latents act one by one (standard, jumprelu) --------------------------------
-# Their encoder, activation and sparsity penalty are elementwise over latents, so a rank can hold any slice of
-# the latents: the reconstruction is a sum over latents (an all-reduce, as the TopK's), each rank's penalty term
-# is a sum over its own latents (which is all its parameters' gradient needs), and b_dec's gradient through the
-# encoder is summed over ranks. BatchTopK and Matryoshka (a global batch threshold, sae-lens' own auxiliary TopK
-# loss and prefix losses on dense decodes), gated and the others stay data parallel.
+# --- sae-lens architectures sharded by latent (standard, jumprelu, batchtopk) -----------------------------------
+# Standard and JumpReLU act on each latent alone, so a rank can hold any slice of the latents: the reconstruction
+# is a sum over latents (an all-reduce, as the TopK's), each rank's penalty term is a sum over its own latents
+# (which is all its parameters' gradient needs), and b_dec's gradient through the encoder is summed over ranks.
+# BatchTopK adds two rules over all latents: its k x rows largest activations of the whole (rows x d_sae) batch
+# (each rank proposes its own top, an all-gather gives the global threshold) and its auxiliary loss's top dead
+# latents of each row (the same, per row). Matryoshka (prefix losses), gated and the others stay data parallel.
 LENS_SHARDED = {"W_enc": 1, "b_enc": 0, "W_dec": 0, "threshold": 0}  # parameter -> its latent dimension
-SHARDABLE = ("topk", "standard", "jumprelu")
+LOCAL_LOSSES = ("l1_loss", "l0_loss", "pre_act_loss")  # sums over this rank's latents only
+SHARDABLE = ("topk", "standard", "jumprelu", "batchtopk")
+
+
+def _kth_largest(values: torch.Tensor, k: int, dim: int) -> torch.Tensor:
+    """The k-th largest of `values` over `dim` across every rank's values (each rank proposes its own top k)."""
+    mine = values.topk(min(k, values.shape[dim]), dim=dim).values
+    return _all_gather_cat(mine, dim).topk(k, dim=dim).values.narrow(dim, k - 1, 1)
 
 
 class ShardedLens:
-    """A sae-lens training SAE (standard or jumprelu) cut to this rank's latents, the same way as
+    """A sae-lens training SAE (standard, jumprelu or batchtopk) cut to this rank's latents, the same way as
     ShardedTopKSAE: rank r of W holds latents [r d_sae / W, (r + 1) d_sae / W) of W_enc, b_enc, W_dec (and
     jumprelu's threshold), their Adam moments and sae-lens' dead-latent counters; b_dec is on every rank. Every
     rank trains on the all-gathered global batch, so the counters need no merging. Built before sae-lens'
     trainer (whose optimiser and counters then hold the slice)."""
 
     def __init__(self, sae, architecture: str):
+        from sae_lens.saes.topk_sae import act_times_W_dec
+
         world, rank = dist.get_world_size(), dist.get_rank()
         d_sae = sae.cfg.d_sae
         check_shardable(d_sae, world)
@@ -232,15 +242,57 @@ class ShardedLens:
         sae.cfg.d_sae = self.n_local  # sae-lens' trainer sizes its counters by it
         self.sharded = {id(getattr(sae, name)) for name in LENS_SHARDED if hasattr(sae, name)}
         process_sae_in, decode_rest = sae.process_sae_in, sae.hook_sae_recons
+        rescale = bool(getattr(cfg, "rescale_acts_by_decoder_norm", False))  # the TopK family's option
 
         def shared_process_sae_in(x):  # b_dec's gradient through the encoder: summed over the ranks' slices
             return _SharedInput.apply(process_sae_in(x))
 
-        def decode(feature_acts):  # TrainingSAE.decode with the sum over latents taken over every rank
-            out = decode_rest(_SumOverRanks.apply(feature_acts @ sae.W_dec) + sae.b_dec)
+        def times_decoder(feature_acts):  # the sum over latents, taken over every rank
+            return _SumOverRanks.apply(act_times_W_dec(feature_acts, sae.W_dec, rescale))
+
+        def decode(feature_acts):  # TrainingSAE.decode / TopKTrainingSAE.decode
+            out = decode_rest(times_decoder(feature_acts) + sae.b_dec)
             return sae.reshape_fn_out(sae.run_time_activation_norm_fn_out(out), sae.d_head)
 
         sae.process_sae_in, sae.decode = shared_process_sae_in, decode
+        if architecture == "batchtopk":
+            from .trainers import GlobalBatchTopK, _global_min_positive_threshold
+
+            # the k x rows largest activations of all ranks' latents together
+            sae.activation_fn = GlobalBatchTopK(sae.activation_fn.k, rows_are_global=True)
+            sae.update_topk_threshold = _global_min_positive_threshold(sae)  # the smallest kept, over ranks
+
+            def calculate_topk_aux_loss(sae_in, sae_out, hidden_pre, dead_neuron_mask):
+                """TopKTrainingSAE.calculate_topk_aux_loss over every rank's dead latents."""
+                n_dead = torch.tensor([0 if dead_neuron_mask is None else int(dead_neuron_mask.sum())])
+                dist.all_reduce(n_dead)
+                if int(n_dead) == 0:
+                    return sae_out.new_tensor(0.0)
+                residual = (sae_in - sae_out).detach()
+                k_aux = sae_in.shape[-1] // 2
+                scale = min(int(n_dead) / k_aux, 1.0)
+                k_aux = min(k_aux, int(n_dead))
+                scores = torch.where(dead_neuron_mask[None], hidden_pre, -torch.inf)
+                kept = dead_neuron_mask[None] & (scores >= _kth_largest(scores.detach(), k_aux, 1))
+                recons = sae.reshape_fn_out(times_decoder(torch.where(kept, hidden_pre, 0.0)), sae.d_head)
+                return sae.cfg.aux_loss_coefficient * scale * (recons - residual).pow(2).sum(dim=-1).mean()
+
+            sae.calculate_topk_aux_loss = calculate_topk_aux_loss
+
+    def process_for_inference(self, state: dict) -> None:
+        """sae-lens' process_state_dict_for_saving_inference on the whole (gathered) state, run as if the module
+        held every latent (it reads the decoder's norms and b_enc's size off the module)."""
+        sae, held = self.sae, {}
+        try:
+            for name in LENS_SHARDED:
+                if name in sae._parameters:
+                    held[name] = sae._parameters[name]
+                    sae._parameters[name] = torch.nn.Parameter(state[name].clone(), requires_grad=False)
+            sae.cfg.d_sae = self.d_sae
+            sae.process_state_dict_for_saving_inference(state)
+        finally:
+            sae._parameters.update(held)
+            sae.cfg.d_sae = self.n_local
 
     def global_batch(self, batch: torch.Tensor) -> torch.Tensor:
         return _all_gather_cat(batch, 0)
@@ -264,8 +316,9 @@ class ShardedLens:
         return total
 
     def reported(self, losses: dict[str, float], l0: float) -> tuple[dict[str, float], float]:
-        """Each rank's penalty terms and L0 cover its own latents: their sums are the whole SAE's."""
-        names = sorted(name for name in losses if name != "mse_loss")
+        """Each rank's penalty terms and L0 cover its own latents: their sums are the whole SAE's (the
+        reconstruction losses are the whole SAE's on every rank already)."""
+        names = sorted(name for name in losses if name in LOCAL_LOSSES)
         values = torch.tensor([losses[name] for name in names] + [l0], dtype=torch.float64)
         dist.all_reduce(values)
         summed = dict(zip(names, values[:-1].tolist()))

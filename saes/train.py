@@ -77,7 +77,7 @@ class TrainConfig:
     seed: int = 0
     metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, store path
     autocast: bool = False  # topk: the dense encoder product in bf16 (it only picks the latents; docs/dtype.md)
-    shard_latents: bool = False  # topk, standard, jumprelu under torchrun: d_sae / world latents a rank (saes/sharded.py)
+    shard_latents: bool = False  # under torchrun: d_sae / world latents a rank (saes/sharded.py: SHARDABLE)
     d_out: int = 0  # transcoders: the target's width (each batch row is input then target); 0 for an SAE
 
     def validate(self) -> "TrainConfig":
@@ -93,8 +93,8 @@ class TrainConfig:
         if self.shard_latents and (self.architecture not in SHARDABLE or self.autocast):
             raise ValueError(f"--shard-latents works for {', '.join(SHARDABLE)} (without --autocast), not "
                              f"{self.architecture}{' with --autocast' if self.architecture in SHARDABLE else ''}: "
-                             "batchtopk and matryoshka (a global batch threshold, prefix losses), gated, lens-topk, "
-                             "p-anneal and the transcoders train data parallel")
+                             "matryoshka (prefix losses), gated, lens-topk, p-anneal and the transcoders train data "
+                             "parallel")
         if self.d_out < 0:
             raise ValueError(f"d_out must be positive for a transcoder (0 for an SAE), got {self.d_out}")
         if self.autocast and self.architecture != "topk":

@@ -83,14 +83,15 @@ class GlobalBatchTopK(torch.nn.Module):
     rank keeps its activations at or above it: the same latents as one process's topk on the global batch
     (continuous values do not tie; a threshold of 0 keeps zeros, which are zeros either way)."""
 
-    def __init__(self, k: float):
+    def __init__(self, k: float, rows_are_global: bool = False):
         super().__init__()
         self.k = k
+        self.rows_are_global = rows_are_global  # latent-sharded: every rank holds all rows, some latents
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         acts = x.relu()
         flat = acts.detach().flatten()
-        n_global = acts.shape[:-1].numel() * dist.get_world_size()
+        n_global = acts.shape[:-1].numel() * (1 if self.rows_are_global else dist.get_world_size())
         keep = int(self.k * n_global)
         if keep <= 0:
             return torch.zeros_like(acts)
@@ -353,7 +354,9 @@ class LensTrainer:
         state = {name: tensor.detach().clone() for name, tensor in self.sae.state_dict().items()}
         if self.shards is not None:  # the whole SAE, gathered (a collective)
             state = {name: self.shards.full(name, value) for name, value in state.items()}
-        self.sae.process_state_dict_for_saving_inference(state)
+            self.shards.process_for_inference(state)
+        else:
+            self.sae.process_state_dict_for_saving_inference(state)
         cfg = self.sae.cfg.get_inference_sae_cfg_dict()
         cfg["d_sae"] = self.d_sae
         cfg.setdefault("metadata", {}).update(metadata)
