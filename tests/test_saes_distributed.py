@@ -66,6 +66,10 @@ def _data_parallel(out: Path, rank: int) -> None:
         sharded = dataclasses.replace(config(architecture, PER_RANK), shard_latents=True)
         trainer = make_trainer(sharded)
         (Path(out) / f"{architecture}-param_bytes{rank}.txt").write_text(str(param_bytes(trainer.sae)))
+        if architecture == "batchtopk":  # stopped after half the steps, then resumed: the checkpoint's slices
+            first_half = dataclasses.replace(sharded, total_tokens=sharded.total_tokens // 2)
+            train(first_half, (batch[rank * PER_RANK:(rank + 1) * PER_RANK] for batch in global_batches()),
+                  Path(out) / f"{architecture}-sharded", progress=False)
         train(sharded, mine, Path(out) / f"{architecture}-sharded", progress=False)
     uneven = (batch[: PER_RANK - rank] for batch in global_batches())  # rank 1 passes one row fewer
     try:
