@@ -99,8 +99,8 @@ def _add_train_arguments(parser) -> None:
                         default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
     parser.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
     parser.add_argument("--shard-latents", action="store_true",
-                        help="topk, standard, jumprelu, batchtopk under torchrun: each process holds d_sae / world "
-                             "latents (exact global top k); checkpoints hold the whole SAE (docs/distributed.md)")
+                        help="topk, standard, jumprelu, batchtopk, matryoshka under torchrun: each process holds "
+                             "d_sae / world latents; checkpoints hold the whole SAE (docs/distributed.md)")
 
 
 def _train(args) -> int:

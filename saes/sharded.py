@@ -198,10 +198,11 @@ def slice_optimizer_state(state: dict, sae: ShardedTopKSAE) -> dict:
 # (which is all its parameters' gradient needs), and b_dec's gradient through the encoder is summed over ranks.
 # BatchTopK adds two rules over all latents: its k x rows largest activations of the whole (rows x d_sae) batch
 # (each rank proposes its own top, an all-gather gives the global threshold) and its auxiliary loss's top dead
-# latents of each row (the same, per row). Matryoshka (prefix losses), gated and the others stay data parallel.
+# latents of each row (the same, per row); Matryoshka (BatchTopK's) also decodes each prefix of the latents, each
+# rank its latents below the prefix's width, summed over ranks. Gated and the others stay data parallel.
 LENS_SHARDED = {"W_enc": 1, "b_enc": 0, "W_dec": 0, "threshold": 0}  # parameter -> its latent dimension
 LOCAL_LOSSES = ("l1_loss", "l0_loss", "pre_act_loss")  # sums over this rank's latents only
-SHARDABLE = ("topk", "standard", "jumprelu", "batchtopk")
+SHARDABLE = ("topk", "standard", "jumprelu", "batchtopk", "matryoshka")
 
 
 def _kth_largest(values: torch.Tensor, k: int, dim: int) -> torch.Tensor:
@@ -211,7 +212,7 @@ def _kth_largest(values: torch.Tensor, k: int, dim: int) -> torch.Tensor:
 
 
 class ShardedLens:
-    """A sae-lens training SAE (standard, jumprelu or batchtopk) cut to this rank's latents, the same way as
+    """A sae-lens training SAE (standard, jumprelu, batchtopk or matryoshka) cut to this rank's latents, the same way as
     ShardedTopKSAE: rank r of W holds latents [r d_sae / W, (r + 1) d_sae / W) of W_enc, b_enc, W_dec (and
     jumprelu's threshold), their Adam moments and sae-lens' dead-latent counters; b_dec is on every rank. Every
     rank trains on the all-gathered global batch, so the counters need no merging. Built before sae-lens'
@@ -230,6 +231,9 @@ class ShardedLens:
         if architecture == "jumprelu" and cfg.jumprelu_sparsity_loss_mode == "quadratic":
             raise ValueError("--shard-latents trains jumprelu with the step or tanh sparsity loss, not quadratic "
                              "(a function of each row's L0 over all ranks)")
+        if architecture == "matryoshka" and cfg.use_matryoshka_aux_loss:
+            raise ValueError("--shard-latents trains matryoshka with BatchTopK's auxiliary loss, not "
+                             "use_matryoshka_aux_loss (a top k of each level's dead latents)")
         if getattr(cfg, "normalize_activations", "none") not in ("none", None):
             raise ValueError("--shard-latents trains on activations as they are (normalize_activations none)")
         self.sae, self.d_sae = sae, d_sae
@@ -255,7 +259,7 @@ class ShardedLens:
             return sae.reshape_fn_out(sae.run_time_activation_norm_fn_out(out), sae.d_head)
 
         sae.process_sae_in, sae.decode = shared_process_sae_in, decode
-        if architecture == "batchtopk":
+        if architecture in ("batchtopk", "matryoshka"):
             from .trainers import GlobalBatchTopK, _global_min_positive_threshold
 
             # the k x rows largest activations of all ranks' latents together
@@ -278,6 +282,21 @@ class ShardedLens:
                 return sae.cfg.aux_loss_coefficient * scale * (recons - residual).pow(2).sum(dim=-1).mean()
 
             sae.calculate_topk_aux_loss = calculate_topk_aux_loss
+        if architecture == "matryoshka":
+            first, n_local = self.first, self.n_local
+
+            def iterable_decode(feature_acts, include_outer_loss=False):
+                """MatryoshkaBatchTopKTrainingSAE._iterable_decode: each prefix of the latents (the global
+                widths) decoded by the ranks holding part of it, summed over ranks."""
+                if rescale:
+                    feature_acts = feature_acts * (1 / sae.W_dec.norm(dim=-1))
+                widths = cfg.matryoshka_widths if include_outer_loss else cfg.matryoshka_widths[:-1]
+                for width in widths:
+                    mine = min(max(width - first, 0), n_local)  # this rank's latents below the width
+                    decoded = _SumOverRanks.apply(feature_acts[:, :mine] @ sae.W_dec[:mine]) + sae.b_dec
+                    yield width, sae.run_time_activation_norm_fn_out(decoded)
+
+            sae._iterable_decode = iterable_decode
 
     def process_for_inference(self, state: dict) -> None:
         """sae-lens' process_state_dict_for_saving_inference on the whole (gathered) state, run as if the module

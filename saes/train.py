@@ -93,8 +93,7 @@ class TrainConfig:
         if self.shard_latents and (self.architecture not in SHARDABLE or self.autocast):
             raise ValueError(f"--shard-latents works for {', '.join(SHARDABLE)} (without --autocast), not "
                              f"{self.architecture}{' with --autocast' if self.architecture in SHARDABLE else ''}: "
-                             "matryoshka (prefix losses), gated, lens-topk, p-anneal and the transcoders train data "
-                             "parallel")
+                             "gated, lens-topk, p-anneal and the transcoders train data parallel")
         if self.d_out < 0:
             raise ValueError(f"d_out must be positive for a transcoder (0 for an SAE), got {self.d_out}")
         if self.autocast and self.architecture != "topk":

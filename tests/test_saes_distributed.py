@@ -41,7 +41,7 @@ def global_batches(n: int = STEPS):
         yield weights @ dictionary + 0.2
 
 
-LENS_SHARDED = ("standard", "jumprelu", "batchtopk")  # sae-lens architectures that --shard-latents takes
+LENS_SHARDED = ("standard", "jumprelu", "batchtopk", "matryoshka")  # sae-lens architectures that --shard-latents takes
 
 
 def param_bytes(module: torch.nn.Module) -> int:
@@ -244,12 +244,13 @@ def test_latent_sharded_topk_equals_unsharded_and_resumes_after_a_rank_dies(laun
 
 
 def test_shard_latents_is_refused_in_one_line_where_it_is_not_defined():
-    for architecture, autocast in (("matryoshka", False), ("gated", False), ("topk", True)):
+    for architecture, autocast in (("gated", False), ("p-anneal", False), ("topk-transcoder", False), ("topk", True)):
         with pytest.raises(ValueError) as err:
             dataclasses.replace(config("topk", PER_RANK), architecture=architecture, autocast=autocast,
                                 shard_latents=True, options={}).validate()
-        assert "\n" not in str(err.value) and str(err.value).startswith(
-            "--shard-latents works for topk, standard, jumprelu, batchtopk (without --autocast), not "), str(err.value)
+        message = str(err.value)
+        assert "\n" not in message and message.startswith("--shard-latents works for topk, standard, jumprelu, "
+                                                           "batchtopk, matryoshka (without --autocast), not "), message
 
 
 def test_the_backend_follows_the_device(monkeypatch):
