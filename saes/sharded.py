@@ -199,10 +199,13 @@ def slice_optimizer_state(state: dict, sae: ShardedTopKSAE) -> dict:
 # BatchTopK adds two rules over all latents: its k x rows largest activations of the whole (rows x d_sae) batch
 # (each rank proposes its own top, an all-gather gives the global threshold) and its auxiliary loss's top dead
 # latents of each row (the same, per row); Matryoshka (BatchTopK's) also decodes each prefix of the latents, each
-# rank its latents below the prefix's width, summed over ranks. Gated and the others stay data parallel.
-LENS_SHARDED = {"W_enc": 1, "b_enc": 0, "W_dec": 0, "threshold": 0}  # parameter -> its latent dimension
+# rank its latents below the prefix's width, summed over ranks. Gated's gate and magnitude paths are per latent too;
+# its auxiliary reconstruction through the gate path is summed over ranks as the main one is. The others (lens-topk,
+# p-anneal, the transcoders) stay data parallel.
+LENS_SHARDED = {"W_enc": 1, "b_enc": 0, "W_dec": 0, "threshold": 0,  # parameter -> its latent dimension
+                "b_gate": 0, "r_mag": 0, "b_mag": 0}  # gated's
 LOCAL_LOSSES = ("l1_loss", "l0_loss", "pre_act_loss")  # sums over this rank's latents only
-SHARDABLE = ("topk", "standard", "jumprelu", "batchtopk", "matryoshka")
+SHARDABLE = ("topk", "standard", "jumprelu", "batchtopk", "matryoshka", "gated")
 
 
 def _kth_largest(values: torch.Tensor, k: int, dim: int) -> torch.Tensor:
@@ -212,11 +215,11 @@ def _kth_largest(values: torch.Tensor, k: int, dim: int) -> torch.Tensor:
 
 
 class ShardedLens:
-    """A sae-lens training SAE (standard, jumprelu, batchtopk or matryoshka) cut to this rank's latents, the same way as
-    ShardedTopKSAE: rank r of W holds latents [r d_sae / W, (r + 1) d_sae / W) of W_enc, b_enc, W_dec (and
-    jumprelu's threshold), their Adam moments and sae-lens' dead-latent counters; b_dec is on every rank. Every
-    rank trains on the all-gathered global batch, so the counters need no merging. Built before sae-lens'
-    trainer (whose optimiser and counters then hold the slice)."""
+    """A sae-lens training SAE (standard, jumprelu, batchtopk, matryoshka or gated) cut to this rank's latents,
+    the same way as ShardedTopKSAE: rank r of W holds latents [r d_sae / W, (r + 1) d_sae / W) of W_enc, b_enc,
+    W_dec (jumprelu's threshold, gated's b_gate, r_mag, b_mag), their Adam moments and sae-lens' dead-latent
+    counters; b_dec is on every rank. Every rank trains on the all-gathered global batch, so the counters need no
+    merging. Built before sae-lens' trainer (whose optimiser and counters then hold the slice)."""
 
     def __init__(self, sae, architecture: str):
         from sae_lens.saes.topk_sae import act_times_W_dec
@@ -282,6 +285,18 @@ class ShardedLens:
                 return sae.cfg.aux_loss_coefficient * scale * (recons - residual).pow(2).sum(dim=-1).mean()
 
             sae.calculate_topk_aux_loss = calculate_topk_aux_loss
+        if architecture == "gated":
+            def calculate_aux_loss(step_input, feature_acts, hidden_pre, sae_out):
+                """GatedTrainingSAE.calculate_aux_loss: the gate path's L1 over this rank's latents, its
+                reconstruction summed over ranks (and b_dec's gradient through the gate path summed)."""
+                centred = _SharedInput.apply(step_input.sae_in - sae.b_dec * cfg.apply_b_dec_to_input)
+                gate = torch.relu(centred @ sae.W_enc + sae.b_gate)
+                l1_loss = step_input.coefficients["l1"] * torch.sum(gate * sae.W_dec.norm(dim=1), dim=-1).mean()
+                via_gate = _SumOverRanks.apply(gate @ sae.W_dec) + sae.b_dec
+                return {"l1_loss": l1_loss,
+                        "auxiliary_reconstruction_loss": (via_gate - step_input.sae_in).pow(2).sum(dim=-1).mean()}
+
+            sae.calculate_aux_loss = calculate_aux_loss
         if architecture == "matryoshka":
             first, n_local = self.first, self.n_local
 
