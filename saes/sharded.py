@@ -1,4 +1,5 @@
-"""A TopK SAE sharded by latent across torch.distributed ranks (`saes train --shard-latents` under torchrun).
+"""SAEs sharded by latent across torch.distributed ranks (`saes train --shard-latents` under torchrun): our TopK
+(ShardedTopKSAE, below) and sae-lens' standard, jumprelu, batchtopk, matryoshka and gated (ShardedLens, at the end).
 
 Rank r of W holds latents [r * d_sae / W, (r + 1) * d_sae / W): those rows of the encoder, its bias, the
 decoder and the dead-latent counters, and their Adam moments, so each rank's parameter memory is 1 / W of the
