@@ -206,7 +206,7 @@ def slice_optimizer_state(state: dict, sae: ShardedTopKSAE) -> dict:
 LENS_SHARDED = {"W_enc": 1, "b_enc": 0, "W_dec": 0, "threshold": 0,  # parameter -> its latent dimension
                 "b_gate": 0, "r_mag": 0, "b_mag": 0}  # gated's
 LOCAL_LOSSES = ("l1_loss", "l0_loss", "pre_act_loss")  # sums over this rank's latents only
-SHARDABLE = ("topk", "standard", "jumprelu", "batchtopk", "matryoshka", "gated")
+SHARDABLE = ("topk", "standard", "jumprelu", "batchtopk", "matryoshka", "gated", "p-anneal")
 
 
 def _kth_largest(values: torch.Tensor, k: int, dim: int) -> torch.Tensor:
@@ -215,7 +215,65 @@ def _kth_largest(values: torch.Tensor, k: int, dim: int) -> torch.Tensor:
     return _all_gather_cat(mine, dim).topk(k, dim=dim).values.narrow(dim, k - 1, 1)
 
 
-class ShardedLens:
+class LatentSlices:
+    """This rank's slice of the latents, and the gathering and slicing of a whole SAE's state (parameters named in
+    LENS_SHARDED, their Adam moments, per-latent counters), shared by the sharded trainers below."""
+
+    def __init__(self, sae: torch.nn.Module, d_sae: int):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        check_shardable(d_sae, world)
+        self.sae, self.d_sae = sae, d_sae
+        self.n_local, self.first = d_sae // world, rank * (d_sae // world)
+
+    def slice_parameters(self) -> None:
+        """Keep this rank's latents of every parameter named in LENS_SHARDED (the whole SAE's initialisation,
+        drawn on every rank with the same seed, sliced)."""
+        with torch.no_grad():
+            for name, dim in LENS_SHARDED.items():
+                value = getattr(self.sae, name, None)
+                if isinstance(value, torch.nn.Parameter):
+                    setattr(self.sae, name, torch.nn.Parameter(value.narrow(dim, self.first, self.n_local).clone()))
+        self.sharded = {id(getattr(self.sae, name)) for name in LENS_SHARDED if hasattr(self.sae, name)}
+
+    def global_batch(self, batch: torch.Tensor) -> torch.Tensor:
+        return _all_gather_cat(batch, 0)
+
+    # --- one whole SAE in checkpoints -------------------------------------------------------------------
+    def full(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        base = name.rsplit(".", 1)[-1]
+        return _all_gather_cat(value, LENS_SHARDED[base]) if base in LENS_SHARDED else value
+
+    def part(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        base = name.rsplit(".", 1)[-1]
+        if base not in LENS_SHARDED:
+            return value
+        if value.shape[LENS_SHARDED[base]] != self.d_sae:
+            raise ValueError(f"the checkpoint holds {value.shape[LENS_SHARDED[base]]} latents, not {self.d_sae}")
+        return value.narrow(LENS_SHARDED[base], self.first, self.n_local).clone()
+
+    def _moments(self, state: dict, convert) -> dict:
+        names = [name for name, _ in self.sae.named_parameters()]
+        state = {**state, "state": dict(state["state"])}
+        for position, name in enumerate(names):
+            entry = state["state"].get(position)
+            if entry is not None:
+                state["state"][position] = {key: convert(name, value) if key in ("exp_avg", "exp_avg_sq") else value
+                                            for key, value in entry.items()}
+        return state
+
+    def gather_optimizer_state(self, state: dict) -> dict:
+        return self._moments(state, self.full)
+
+    def slice_optimizer_state(self, state: dict) -> dict:
+        return self._moments(state, self.part)
+
+    def gather_counter(self, counter: torch.Tensor) -> torch.Tensor:
+        return _all_gather_cat(counter, 0)
+
+    def slice_counter(self, counter: torch.Tensor) -> torch.Tensor:
+        return counter[self.first:self.first + self.n_local].clone()
+
+class ShardedLens(LatentSlices):
     """A sae-lens training SAE (standard, jumprelu, batchtopk, matryoshka or gated) cut to this rank's latents,
     the same way as ShardedTopKSAE: rank r of W holds latents [r d_sae / W, (r + 1) d_sae / W) of W_enc, b_enc,
     W_dec (jumprelu's threshold, gated's b_gate, r_mag, b_mag), their Adam moments and sae-lens' dead-latent
@@ -225,9 +283,7 @@ class ShardedLens:
     def __init__(self, sae, architecture: str):
         from sae_lens.saes.topk_sae import act_times_W_dec
 
-        world, rank = dist.get_world_size(), dist.get_rank()
-        d_sae = sae.cfg.d_sae
-        check_shardable(d_sae, world)
+        super().__init__(sae, sae.cfg.d_sae)
         cfg = sae.cfg
         if architecture == "standard" and cfg.lp_norm != 1:
             raise ValueError(f"--shard-latents trains a standard SAE with its L1 penalty (lp_norm 1), not lp_norm "
@@ -240,15 +296,8 @@ class ShardedLens:
                              "use_matryoshka_aux_loss (a top k of each level's dead latents)")
         if getattr(cfg, "normalize_activations", "none") not in ("none", None):
             raise ValueError("--shard-latents trains on activations as they are (normalize_activations none)")
-        self.sae, self.d_sae = sae, d_sae
-        self.n_local, self.first = d_sae // world, rank * (d_sae // world)
-        with torch.no_grad():
-            for name, dim in LENS_SHARDED.items():
-                value = getattr(sae, name, None)
-                if isinstance(value, torch.nn.Parameter):
-                    setattr(sae, name, torch.nn.Parameter(value.narrow(dim, self.first, self.n_local).clone()))
+        self.slice_parameters()
         sae.cfg.d_sae = self.n_local  # sae-lens' trainer sizes its counters by it
-        self.sharded = {id(getattr(sae, name)) for name in LENS_SHARDED if hasattr(sae, name)}
         process_sae_in, decode_rest = sae.process_sae_in, sae.hook_sae_recons
         rescale = bool(getattr(cfg, "rescale_acts_by_decoder_norm", False))  # the TopK family's option
 
@@ -329,9 +378,6 @@ class ShardedLens:
             sae._parameters.update(held)
             sae.cfg.d_sae = self.n_local
 
-    def global_batch(self, batch: torch.Tensor) -> torch.Tensor:
-        return _all_gather_cat(batch, 0)
-
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
         """torch's clip_grad_norm_ (which sae-lens' step calls) with the norm of the whole SAE's gradient: the
         slices' squares summed over ranks, b_dec's once."""
@@ -359,37 +405,28 @@ class ShardedLens:
         summed = dict(zip(names, values[:-1].tolist()))
         return {**losses, **summed}, float(values[-1])
 
-    # --- one whole SAE in checkpoints -------------------------------------------------------------------
-    def full(self, name: str, value: torch.Tensor) -> torch.Tensor:
-        base = name.rsplit(".", 1)[-1]
-        return _all_gather_cat(value, LENS_SHARDED[base]) if base in LENS_SHARDED else value
 
-    def part(self, name: str, value: torch.Tensor) -> torch.Tensor:
-        base = name.rsplit(".", 1)[-1]
-        if base not in LENS_SHARDED:
-            return value
-        if value.shape[LENS_SHARDED[base]] != self.d_sae:
-            raise ValueError(f"the checkpoint holds {value.shape[LENS_SHARDED[base]]} latents, not {self.d_sae}")
-        return value.narrow(LENS_SHARDED[base], self.first, self.n_local).clone()
+class ShardedReLU(LatentSlices):
+    """p-anneal's ReLU SAE (saes.trainers._ReLUSAE) cut to this rank's latents: W_enc's columns, b_enc and W_dec's
+    rows; b_dec on every rank. Its forward on the global batch sums the decode over ranks and b_dec's gradient
+    through the encoder; `sum_over_ranks` gives the trainer the L_p penalty's per-row sum over every latent (the
+    penalty is a power of it), the same on every rank."""
 
-    def _moments(self, state: dict, convert) -> dict:
-        names = [name for name, _ in self.sae.named_parameters()]
-        state = {**state, "state": dict(state["state"])}
-        for position, name in enumerate(names):
-            entry = state["state"].get(position)
-            if entry is not None:
-                state["state"][position] = {key: convert(name, value) if key in ("exp_avg", "exp_avg_sq") else value
-                                            for key, value in entry.items()}
-        return state
+    def __init__(self, sae: torch.nn.Module, d_sae: int):
+        super().__init__(sae, d_sae)
+        self.slice_parameters()
 
-    def gather_optimizer_state(self, state: dict) -> dict:
-        return self._moments(state, self.full)
+        def forward(x):
+            f = ((_SharedInput.apply(x - sae.b_dec)) @ sae.W_enc + sae.b_enc).relu()
+            return _SumOverRanks.apply(f @ sae.W_dec) + sae.b_dec, f
 
-    def slice_optimizer_state(self, state: dict) -> dict:
-        return self._moments(state, self.part)
+        sae.forward = forward
 
-    def gather_counter(self, counter: torch.Tensor) -> torch.Tensor:
-        return _all_gather_cat(counter, 0)
+    @staticmethod
+    def sum_over_ranks(part: torch.Tensor) -> torch.Tensor:
+        return _SumOverRanks.apply(part)
 
-    def slice_counter(self, counter: torch.Tensor) -> torch.Tensor:
-        return counter[self.first:self.first + self.n_local].clone()
+    def sum_l0(self, l0: float) -> float:
+        total = torch.tensor([l0], dtype=torch.float64)
+        dist.all_reduce(total)
+        return float(total[0])

@@ -452,6 +452,11 @@ class PAnnealTrainer:
             raise ValueError(f"bad options for p-anneal {config.options}: {err}") from None
         torch.manual_seed(config.seed)
         self.sae = _ReLUSAE(config.d_in, config.d_sae)
+        self.shards, self.d_sae = None, config.d_sae
+        if getattr(config, "shard_latents", False) and _distributed():  # this rank's latents (saes.sharded)
+            from .sharded import ShardedReLU
+
+            self.shards = ShardedReLU(self.sae, config.d_sae)
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=config.lr)
         warmup = max(1, self.cfg.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(s / warmup, 1.0))
@@ -463,19 +468,24 @@ class PAnnealTrainer:
         self.dead_after_steps = max(1, config.dead_after_tokens // global_batch)
         self.state = {"step": 0, "p": self.cfg.p_start, "next_p": None, "p_step_count": 0,
                       "sparsity_coeff": self.cfg.initial_sparsity_penalty, "queue": []}
-        self.steps_since_fired = torch.zeros(config.d_sae, dtype=torch.long)
-        if _distributed():  # DDP: the gradient, the penalty's carried size and the firing counts of the global batch
-            average_gradients_across_ranks(self.sae)
+        n_latents = config.d_sae if self.shards is None else self.shards.n_local
+        self.steps_since_fired = torch.zeros(n_latents, dtype=torch.long)
+        if _distributed() and self.shards is None:  # DDP: the gradient, the penalty's carried size and the firing
+            average_gradients_across_ranks(self.sae)  # counts of the global batch
 
     def prepare(self, first_batch: torch.Tensor) -> None:
         pass  # dictionary_learning starts b_dec at zero
 
     def lp_norm(self, f: torch.Tensor, p: float) -> torch.Tensor:
         norm = f.pow(p).sum(dim=-1)
+        if self.shards is not None:  # the sum over every rank's latents, the same on every rank
+            norm = self.shards.sum_over_ranks(norm)
         return norm.mean() if self.cfg.sparsity_function == "Lp^p" else norm.pow(1 / p).mean()
 
     def step(self, batch: torch.Tensor) -> dict[str, float]:
         s = self.state
+        if self.shards is not None:  # latent-sharded: every rank trains its latents on the global batch
+            batch = self.shards.global_batch(batch)
         x_hat, f = self.sae(batch)
         l2 = torch.linalg.norm(batch - x_hat, dim=-1).mean()
         lp = self.lp_norm(f, s["p"])
@@ -484,7 +494,7 @@ class PAnnealTrainer:
         scaled_lp = used_coeff * lp
         if s["next_p"] is not None:
             pair = torch.stack([lp.detach(), self.lp_norm(f.detach(), s["next_p"])])
-            if _distributed():  # means over rows: the ranks' mean is the global batch's
+            if _distributed() and self.shards is None:  # means over rows: the ranks' mean is the global batch's
                 dist.all_reduce(pair)
                 pair /= world_size()
             pair = pair.tolist()
@@ -511,7 +521,7 @@ class PAnnealTrainer:
         with torch.no_grad():
             w /= w.norm(dim=1, keepdim=True)
             fired = (f > 0).any(0)
-            if _distributed():  # a latent fired if it fired on any rank
+            if _distributed() and self.shards is None:  # a latent fired if it fired on any rank
                 fired = fired.to(torch.uint8)
                 dist.all_reduce(fired, op=dist.ReduceOp.MAX)
                 fired = fired.bool()
@@ -520,26 +530,40 @@ class PAnnealTrainer:
             residual = batch - x_hat
             ev = 1.0 - float(residual.pow(2).sum() / (batch - batch.mean(0)).pow(2).sum())
         s["step"] += 1
+        l0 = float((f > 0).sum(-1).float().mean())
         return {"loss": float(loss.detach()), "l2_loss": float(l2.detach()), "lp_loss": float(lp.detach()),
                 "p": float(used_p), "sparsity_coeff": float(used_coeff), "explained_variance": ev,
-                "l0": float((f > 0).sum(-1).float().mean())}
+                "l0": l0 if self.shards is None else self.shards.sum_l0(l0)}
 
     def n_dead(self) -> int:
-        return int((self.steps_since_fired >= self.dead_after_steps).sum())
+        dead = (self.steps_since_fired >= self.dead_after_steps).sum().reshape(1)
+        if self.shards is not None:
+            dist.all_reduce(dead)
+        return int(dead[0])
 
     def state_dict(self) -> dict:
-        s = self.state
-        return {"sae": self.sae.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "steps_since_fired": self.steps_since_fired,
+        """The whole SAE's training state; latent-sharded, gathered from every rank (a collective)."""
+        s, shards = self.state, self.shards
+        sae_state, optimizer, fired = self.sae.state_dict(), self.optimizer.state_dict(), self.steps_since_fired
+        if shards is not None:
+            sae_state = {name: shards.full(name, value) for name, value in sae_state.items()}
+            optimizer, fired = shards.gather_optimizer_state(optimizer), shards.gather_counter(fired)
+        return {"sae": sae_state, "optimizer": optimizer,
+                "scheduler": self.scheduler.state_dict(), "steps_since_fired": fired,
                 "step": s["step"], "p": s["p"], "next_p": -1.0 if s["next_p"] is None else s["next_p"],
                 "p_step_count": s["p_step_count"], "sparsity_coeff": s["sparsity_coeff"],
                 "queue": torch.tensor(s["queue"], dtype=torch.float64).reshape(-1, 2)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.sae.load_state_dict(state["sae"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """A whole SAE's state, from a run on any number of ranks, latent-sharded or not."""
+        shards, sae_state, optimizer, fired = self.shards, state["sae"], state["optimizer"], state["steps_since_fired"]
+        if shards is not None:
+            sae_state = {name: shards.part(name, value) for name, value in sae_state.items()}
+            optimizer, fired = shards.slice_optimizer_state(optimizer), shards.slice_counter(fired)
+        self.sae.load_state_dict(sae_state)
+        self.optimizer.load_state_dict(optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
-        self.steps_since_fired = state["steps_since_fired"]
+        self.steps_since_fired = fired
         self.state = {"step": int(state["step"]), "p": float(state["p"]),
                       "next_p": None if float(state["next_p"]) < 0 else float(state["next_p"]),
                       "p_step_count": int(state["p_step_count"]), "sparsity_coeff": float(state["sparsity_coeff"]),
@@ -548,11 +572,13 @@ class PAnnealTrainer:
     def to_inference(self, **metadata) -> SAE:
         from .sae import SAEConfig
 
-        sae = SAE(SAEConfig("standard", d_in=self.sae.W_enc.shape[0], d_sae=self.sae.W_enc.shape[1],
-                            metadata=metadata))
+        state = self.sae.state_dict()
+        if self.shards is not None:  # the whole SAE, gathered (a collective)
+            state = {name: self.shards.full(name, value) for name, value in state.items()}
+        sae = SAE(SAEConfig("standard", d_in=self.sae.W_enc.shape[0], d_sae=self.d_sae, metadata=metadata))
         with torch.no_grad():
             for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
-                getattr(sae, name).copy_(getattr(self.sae, name))
+                getattr(sae, name).copy_(state[name])
         return sae
 
 

@@ -42,7 +42,7 @@ def global_batches(n: int = STEPS):
         yield weights @ dictionary + 0.2
 
 
-LENS_SHARDED = ("standard", "jumprelu", "batchtopk", "matryoshka", "gated")  # sae-lens' that --shard-latents takes
+LENS_SHARDED = ("standard", "jumprelu", "batchtopk", "matryoshka", "gated", "p-anneal")  # besides topk
 
 
 def param_bytes(module: torch.nn.Module) -> int:
@@ -130,8 +130,13 @@ def test_every_trainer_under_two_gloo_ranks_equals_one_process_on_the_global_bat
                 for key in ("exp_avg", "exp_avg_sq"):
                     torch.testing.assert_close(sharded["trainer"]["optimizer"]["state"][position][key], entry[key],
                                                rtol=1e-4, atol=1e-6)
-            for key in ("n_forward_passes_since_fired", "act_freq_scores"):
-                torch.testing.assert_close(sharded["trainer"][key], single["trainer"][key], msg=key)
+            for key in ("n_forward_passes_since_fired", "act_freq_scores", "steps_since_fired", "queue"):
+                if key in single["trainer"]:  # dead-latent counters (p-anneal: and its penalty's queue)
+                    torch.testing.assert_close(sharded["trainer"][key], single["trainer"][key], rtol=1e-5, atol=1e-5,
+                                               msg=key)
+            for key in ("p", "p_step_count", "sparsity_coeff"):
+                if key in single["trainer"]:
+                    assert sharded["trainer"][key] == pytest.approx(single["trainer"][key], rel=1e-5), key
             x = next(global_batches(1))
             torch.testing.assert_close(SAE.load(launch / "ddp" / f"{architecture}-sharded")(x),
                                        SAE.load(tmp_path / "one" / architecture)(x), rtol=0, atol=1e-5)
@@ -245,15 +250,15 @@ def test_latent_sharded_topk_equals_unsharded_and_resumes_after_a_rank_dies(laun
 
 
 def test_shard_latents_is_refused_in_one_line_where_it_is_not_defined():
-    refused = (("lens-topk", False), ("p-anneal", False), ("topk-transcoder", False), ("topk", True))
+    refused = (("lens-topk", False), ("topk-transcoder", False), ("topk", True))
     for architecture, autocast in refused:
         with pytest.raises(ValueError) as err:
             dataclasses.replace(config("topk", PER_RANK), architecture=architecture, autocast=autocast,
                                 shard_latents=True, options={}).validate()
         message = str(err.value)
         assert "\n" not in message and message.startswith(
-            "--shard-latents works for topk, standard, jumprelu, batchtopk, matryoshka, gated (without --autocast), "
-            "not "), message
+            "--shard-latents works for topk, standard, jumprelu, batchtopk, matryoshka, gated, p-anneal (without "
+            "--autocast), not "), message
 
 
 def test_the_backend_follows_the_device(monkeypatch):
