@@ -1,5 +1,6 @@
 """SAEs sharded by latent across torch.distributed ranks (`saes train --shard-latents` under torchrun): our TopK
-(ShardedTopKSAE, below) and sae-lens' standard, jumprelu, batchtopk, matryoshka and gated (ShardedLens, at the end).
+(ShardedTopKSAE, below), sae-lens' standard, jumprelu, batchtopk, matryoshka and gated (ShardedLens) and p-anneal's
+ReLU SAE (ShardedReLU), at the end.
 
 Rank r of W holds latents [r * d_sae / W, (r + 1) * d_sae / W): those rows of the encoder, its bias, the
 decoder and the dead-latent counters, and their Adam moments, so each rank's parameter memory is 1 / W of the
@@ -201,8 +202,8 @@ def slice_optimizer_state(state: dict, sae: ShardedTopKSAE) -> dict:
 # (each rank proposes its own top, an all-gather gives the global threshold) and its auxiliary loss's top dead
 # latents of each row (the same, per row); Matryoshka (BatchTopK's) also decodes each prefix of the latents, each
 # rank its latents below the prefix's width, summed over ranks. Gated's gate and magnitude paths are per latent too;
-# its auxiliary reconstruction through the gate path is summed over ranks as the main one is. The others (lens-topk,
-# p-anneal, the transcoders) stay data parallel.
+# its auxiliary reconstruction through the gate path is summed over ranks as the main one is. lens-topk and the
+# transcoders stay data parallel.
 LENS_SHARDED = {"W_enc": 1, "b_enc": 0, "W_dec": 0, "threshold": 0,  # parameter -> its latent dimension
                 "b_gate": 0, "r_mag": 0, "b_mag": 0}  # gated's
 LOCAL_LOSSES = ("l1_loss", "l0_loss", "pre_act_loss")  # sums over this rank's latents only

@@ -1,5 +1,5 @@
 """Every trainer (the transcoders too) under DDP (2 gloo ranks via torchrun) equals one process on the same global
-batches; a TopK SAE and sae-lens' standard, jumprelu, batchtopk, matryoshka and gated sharded by latent
+batches; a TopK SAE, sae-lens' standard, jumprelu, batchtopk, matryoshka and gated, and p-anneal sharded by latent
 (saes/sharded.py) equal the unsharded ones, hold half the latents' parameters per rank, write one whole SAE, refuse
 bad input in one line, and resume (after a rank dies, or a run stopped halfway) to the same result. One torchrun job
 runs all of it (and ends by losing rank 1); a second resumes the interrupted run.
