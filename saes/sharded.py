@@ -1,6 +1,6 @@
 """SAEs sharded by latent across torch.distributed ranks (`saes train --shard-latents` under torchrun): our TopK
-(ShardedTopKSAE, below), sae-lens' standard, jumprelu, batchtopk, matryoshka and gated (ShardedLens) and p-anneal's
-ReLU SAE (ShardedReLU), at the end.
+(ShardedTopKSAE, below), sae-lens' standard, jumprelu, batchtopk, matryoshka, gated and topk (ShardedLens) and
+p-anneal's ReLU SAE (ShardedReLU), at the end.
 
 Rank r of W holds latents [r * d_sae / W, (r + 1) * d_sae / W): those rows of the encoder, its bias, the
 decoder and the dead-latent counters, and their Adam moments, so each rank's parameter memory is 1 / W of the
@@ -202,18 +202,31 @@ def slice_optimizer_state(state: dict, sae: ShardedTopKSAE) -> dict:
 # (each rank proposes its own top, an all-gather gives the global threshold) and its auxiliary loss's top dead
 # latents of each row (the same, per row); Matryoshka (BatchTopK's) also decodes each prefix of the latents, each
 # rank its latents below the prefix's width, summed over ranks. Gated's gate and magnitude paths are per latent too;
-# its auxiliary reconstruction through the gate path is summed over ranks as the main one is. lens-topk and the
-# transcoders stay data parallel.
+# its auxiliary reconstruction through the gate path is summed over ranks as the main one is; lens-topk (sae-lens'
+# TopK) takes each row's top k over ranks and BatchTopK's AuxK. The transcoders stay data parallel.
 LENS_SHARDED = {"W_enc": 1, "b_enc": 0, "W_dec": 0, "threshold": 0,  # parameter -> its latent dimension
                 "b_gate": 0, "r_mag": 0, "b_mag": 0}  # gated's
 LOCAL_LOSSES = ("l1_loss", "l0_loss", "pre_act_loss")  # sums over this rank's latents only
-SHARDABLE = ("topk", "standard", "jumprelu", "batchtopk", "matryoshka", "gated", "p-anneal")
+SHARDABLE = ("topk", "standard", "jumprelu", "batchtopk", "matryoshka", "gated", "p-anneal", "lens-topk")
 
 
 def _kth_largest(values: torch.Tensor, k: int, dim: int) -> torch.Tensor:
     """The k-th largest of `values` over `dim` across every rank's values (each rank proposes its own top k)."""
     mine = values.topk(min(k, values.shape[dim]), dim=dim).values
     return _all_gather_cat(mine, dim).topk(k, dim=dim).values.narrow(dim, k - 1, 1)
+
+
+class GlobalRowTopK(torch.nn.Module):
+    """sae-lens' TopK activation on this rank's latents: each row's k largest pre-activations over every rank's
+    latents (each rank proposes its own top k of the row, an all-gather gives the k-th), ReLU'd, zeros elsewhere."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kept = x >= _kth_largest(x.detach(), self.k, x.dim() - 1)
+        return torch.where(kept, x.relu(), 0.0)
 
 
 class LatentSlices:
@@ -275,7 +288,7 @@ class LatentSlices:
         return counter[self.first:self.first + self.n_local].clone()
 
 class ShardedLens(LatentSlices):
-    """A sae-lens training SAE (standard, jumprelu, batchtopk, matryoshka or gated) cut to this rank's latents,
+    """A sae-lens training SAE (standard, jumprelu, batchtopk, matryoshka, gated, topk) cut to this rank's latents,
     the same way as ShardedTopKSAE: rank r of W holds latents [r d_sae / W, (r + 1) d_sae / W) of W_enc, b_enc,
     W_dec (jumprelu's threshold, gated's b_gate, r_mag, b_mag), their Adam moments and sae-lens' dead-latent
     counters; b_dec is on every rank. Every rank trains on the all-gathered global batch, so the counters need no
@@ -319,7 +332,12 @@ class ShardedLens(LatentSlices):
             # the k x rows largest activations of all ranks' latents together
             sae.activation_fn = GlobalBatchTopK(sae.activation_fn.k, rows_are_global=True)
             sae.update_topk_threshold = _global_min_positive_threshold(sae)  # the smallest kept, over ranks
-
+        if architecture == "lens-topk":
+            if getattr(cfg, "use_sparse_activations", False):
+                raise ValueError("--shard-latents trains lens-topk with dense activations (use_sparse_activations "
+                                 "off)")
+            sae.activation_fn = GlobalRowTopK(sae.activation_fn.k)
+        if architecture in ("batchtopk", "matryoshka", "lens-topk"):
             def calculate_topk_aux_loss(sae_in, sae_out, hidden_pre, dead_neuron_mask):
                 """TopKTrainingSAE.calculate_topk_aux_loss over every rank's dead latents."""
                 n_dead = torch.tensor([0 if dead_neuron_mask is None else int(dead_neuron_mask.sum())])

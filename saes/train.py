@@ -95,7 +95,7 @@ class TrainConfig:
         if self.shard_latents and (self.architecture not in SHARDABLE or self.autocast):
             raise ValueError(f"--shard-latents works for {', '.join(SHARDABLE)} (without --autocast), not "
                              f"{self.architecture}{' with --autocast' if self.architecture in SHARDABLE else ''}: "
-                             "lens-topk and the transcoders train data parallel")
+                             "the transcoders train data parallel")
         if self.d_out < 0:
             raise ValueError(f"d_out must be positive for a transcoder (0 for an SAE), got {self.d_out}")
         if self.autocast and self.architecture != "topk":
@@ -453,7 +453,7 @@ def add_train_arguments(parser) -> None:
                         default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
     parser.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
     parser.add_argument("--shard-latents", action="store_true",
-                        help="every architecture but lens-topk and the transcoders, under torchrun: each process "
+                        help="every architecture but the transcoders, under torchrun: each process "
                              "holds d_sae / world latents; checkpoints hold the whole SAE (docs/distributed.md)")
 
 

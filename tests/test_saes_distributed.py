@@ -1,8 +1,8 @@
 """Every trainer (the transcoders too) under DDP (2 gloo ranks via torchrun) equals one process on the same global
-batches; a TopK SAE, sae-lens' standard, jumprelu, batchtopk, matryoshka and gated, and p-anneal sharded by latent
-(saes/sharded.py) equal the unsharded ones, hold half the latents' parameters per rank, write one whole SAE, refuse
-bad input in one line, and resume (after a rank dies, or a run stopped halfway) to the same result. One torchrun job
-runs all of it (and ends by losing rank 1); a second resumes the interrupted run.
+batches; a TopK SAE, sae-lens' standard, jumprelu, batchtopk, matryoshka, gated and topk, and p-anneal sharded by
+latent (saes/sharded.py) equal the unsharded ones, hold half the latents' parameters per rank, write one whole SAE,
+refuse bad input in one line, and resume (after a rank dies, or a run stopped halfway) to the same result. One
+torchrun job runs all of it (and ends by losing rank 1); a second resumes the interrupted run.
 
 Data parallel: the worker (this file run by torchrun) trains each architecture on its rank's half of each global
 batch; the test trains the same architecture in one process on the whole global batches and compares the training
@@ -42,7 +42,7 @@ def global_batches(n: int = STEPS):
         yield weights @ dictionary + 0.2
 
 
-LENS_SHARDED = ("standard", "jumprelu", "batchtopk", "matryoshka", "gated", "p-anneal")  # besides topk
+LENS_SHARDED = ("standard", "jumprelu", "batchtopk", "matryoshka", "gated", "p-anneal", "lens-topk")
 
 
 def param_bytes(module: torch.nn.Module) -> int:
@@ -250,15 +250,15 @@ def test_latent_sharded_topk_equals_unsharded_and_resumes_after_a_rank_dies(laun
 
 
 def test_shard_latents_is_refused_in_one_line_where_it_is_not_defined():
-    refused = (("lens-topk", False), ("topk-transcoder", False), ("topk", True))
+    refused = (("topk-transcoder", False), ("batchtopk-transcoder", False), ("topk", True))
     for architecture, autocast in refused:
         with pytest.raises(ValueError) as err:
             dataclasses.replace(config("topk", PER_RANK), architecture=architecture, autocast=autocast,
                                 shard_latents=True, options={}).validate()
         message = str(err.value)
         assert "\n" not in message and message.startswith(
-            "--shard-latents works for topk, standard, jumprelu, batchtopk, matryoshka, gated, p-anneal (without "
-            "--autocast), not "), message
+            "--shard-latents works for topk, standard, jumprelu, batchtopk, matryoshka, gated, p-anneal, lens-topk "
+            "(without --autocast), not "), message
 
 
 def test_the_backend_follows_the_device(monkeypatch):
