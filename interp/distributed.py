@@ -22,13 +22,16 @@ def backend_for(device: str | None) -> str:
 
 
 def init_process_group(device: str | None = None, minutes: int = 30) -> None:
-    """Join the torchrun job: the backend for `device`; with CUDA, this process's GPU is LOCAL_RANK's."""
+    """Join the torchrun job: the backend for `device`; with CUDA, this process's GPU is LOCAL_RANK's, and the
+    group is "cpu:gloo,cuda:nccl": NCCL for the CUDA tensors (gradients), gloo for the small CPU tensors the
+    loops also reduce (stop flags, logged numbers), which NCCL alone refuses."""
     import torch
     import torch.distributed as dist
 
     backend = backend_for(device)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=minutes))
 
 
