@@ -327,11 +327,11 @@ class ShardedLens(LatentSlices):
 
         sae.process_sae_in, sae.decode = shared_process_sae_in, decode
         if architecture in ("batchtopk", "matryoshka"):
-            from .trainers import GlobalBatchTopK, _global_min_positive_threshold
+            from .ranks import GlobalBatchTopK, global_min_positive_threshold
 
             # the k x rows largest activations of all ranks' latents together
             sae.activation_fn = GlobalBatchTopK(sae.activation_fn.k, rows_are_global=True)
-            sae.update_topk_threshold = _global_min_positive_threshold(sae)  # the smallest kept, over ranks
+            sae.update_topk_threshold = global_min_positive_threshold(sae)  # the smallest kept, over ranks
         if architecture == "lens-topk":
             if getattr(cfg, "use_sparse_activations", False):
                 raise ValueError("--shard-latents trains lens-topk with dense activations (use_sparse_activations "
