@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write
+from interp.names import LM, T2I
 from interp.shipped import refuse_shipped
 
 from .pool import FEATURES_FILENAME, load_analysis_images, load_pool_seeds
@@ -129,9 +130,10 @@ def read_cards(sae_dir: Path) -> dict:
 
 
 def is_lm_cards(cards: dict) -> bool:
-    from .lm_features import KIND
+    """Whether feature cards are a language model's, as they say in the one vocabulary (`interp.names.kind_word`)."""
+    from interp.names import LM, kind_word
 
-    return cards.get("kind") == KIND
+    return kind_word(cards.get("kind")) == LM
 
 
 def hook_layer(hook: str | None) -> int | None:
@@ -335,7 +337,7 @@ def export_sae(sae_dir, out, config: ExportConfig | None = None, lm=None, overwr
     written = []
     settings = {"sae_path": str(sae_dir), "sae_set": sae_set, "model_id": model_id, "layer": layer,
                 "hook_name": hook, "np_sae_id_suffix": suffix, "n_features": len(exported),
-                "n_features_per_batch": config.features_per_batch, "kind": "lm" if lm_kind else "image",
+                "n_features_per_batch": config.features_per_batch, "kind": LM if lm_kind else T2I,
                 "n_prompts_total": exported[0]["n_prompts_total"] if exported else 0,
                 "n_tokens_in_prompt": exported[0]["n_tokens_in_prompt"] if exported else 0,
                 "dataset": exported[0]["dataset"] if exported else "", "cards": str(sae_dir / FEATURES_FILENAME),

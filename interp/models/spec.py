@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..names import KINDS, LM, T2I, kind_word
+from ..names import KINDS, LM, T2I, is_lm_hook, kind_word
 from ..embedded import EMBEDDED_LM_WORLD, EMBEDDED_PREFIX, registered_weights_dir, weights_dir
 from .protocol import LoadedModel, kind_of  # noqa: F401 - a loaded model's kind: re-exported beside a name's
 
@@ -278,8 +278,6 @@ def saved_hook_name(directory: str | os.PathLike) -> str | None:
 def _sae_kind(directory: Path) -> str:
     """An SAE directory's kind: the hook it reads is a language model's (a residual site, or the MLP side's input or
     output that a transcoder reads), or a denoiser's site."""
-    from ..hooks.lm import is_lm_hook
-
     return LM if is_lm_hook(saved_hook_name(directory)) else T2I
 
 
