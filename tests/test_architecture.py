@@ -160,7 +160,8 @@ def test_the_benchmarks_that_patch_sys_path_are_the_ones_the_layout_names():
 # Tests of a model's identity by its name, which the spec decides once (`interp.models.spec.model_spec`: kind,
 # source, registry entry, world, defaults): the core and the packages above it ask the spec, never the name.
 CORE = ("interp", "saes", "ui", "riebench", "flowlens", "app.py")
-NAME_TESTS = re.compile(r"""startswith\(\s*["']toy|["']turbo["']\s+in\b|["']/["']\s+in\s+model_name|==\s*["']toy-chat["']""")
+NAME_TESTS = re.compile(r"""startswith\(\s*["']toy|["']turbo["']\s+in\b|["']/["']\s+in\s+model_name"""
+                        r"""|==\s*["']toy-chat["']""")
 
 
 def test_the_core_tests_no_model_by_its_name():

@@ -21,7 +21,6 @@ model's own logits and residual stream, computed before the bridge rewires the m
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
