@@ -132,7 +132,7 @@ def language_model(model):
     it in) or a bare TransformerLens ``HookedTransformer``. A bare model has no tokenizer (``tokenizer`` None)."""
     from ..models.language_model import LanguageModel, hf_n_ctx, lm_form
 
-    form = lm_form(model)  # the one duck typing of a loaded LM (`interp.models.spec.kind_of` asks it too)
+    form = lm_form(model)  # the one duck typing of a bare LM (`interp.models.protocol`; kind_of asks it too)
     if form == "loaded":
         return model
     name = type(model).__name__

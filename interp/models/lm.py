@@ -42,7 +42,7 @@ def resolve_lm(name_or_path: "str | os.PathLike | ModelSpec") -> tuple[str, bool
     """(what to pass to ``from_pretrained``, whether it is local): the model's spec's `ModelSpec.locate` (the one
     resolution; a hub id or unknown name is read as a language model). Embedded names, fetched registry models and
     directories are local."""
-    return model_spec(name_or_path, kind=LM).locate()
+    return model_spec(name_or_path, kind=LM).locate(LM)
 
 
 def load_hf_lm(name_or_path: "str | os.PathLike | ModelSpec", device: str = "cpu",

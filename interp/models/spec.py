@@ -84,11 +84,12 @@ class ModelSpec:
                 return value
         return None
 
-    def locate(self) -> tuple[str, bool]:
+    def locate(self, kind: str | None = None) -> tuple[str, bool]:
         """(what ``from_pretrained`` reads: a directory or a hub id, whether it is on this machine): the one
-        resolution of a name, which both loaders take. What cannot load is one line of the kind's error
-        (`LMError`, `ModelError`; an embedded model before `zoo` registered its weights: `NotRegistered`)."""
-        return _locate_lm(self) if self.kind == LM else _locate_t2i(self)
+        resolution of a name, which both loaders take (``kind``: the loader's, which refuses a model of the other
+        kind). What cannot load is one line of the kind's error (`LMError`, `ModelError`; an embedded model before
+        `zoo` registered its weights: `NotRegistered`)."""
+        return _locate_lm(self) if (kind or self.kind) == LM else _locate_t2i(self)
 
     def describe(self, backend: str = "hf") -> dict:
         """What the model offers hooks, as JSON data: a language model's family, sizes and residual hook names
@@ -209,6 +210,8 @@ def _locate_lm(spec: ModelSpec) -> tuple[str, bool]:
     from .language_model import LMError
 
     name = spec.name
+    if spec.kind != LM:
+        raise LMError(f"{name} is a text-to-image model ({spec.source}), not a language model")
     if spec.source == "registry":
         directory = fetch.fetched_dir(name)
         if not fetch.is_fetched(directory):
@@ -218,8 +221,6 @@ def _locate_lm(spec: ModelSpec) -> tuple[str, bool]:
                           f"$INTERP_CACHE_DIR moves the cache)")
         return str(directory), True
     if spec.source == "embedded":
-        if spec.kind != LM:
-            raise LMError(f"{name} is an embedded text-to-image model, not a language model")
         return str(_embedded_lm_dir(spec)), True
     path = Path(name).expanduser()
     if path.is_dir():

@@ -28,7 +28,7 @@ def resolve(name_or_path: "str | ModelSpec") -> tuple[str, KnownModel | None]:
     """(what ``from_pretrained`` reads, the registry entry): the model's spec's (`ModelSpec.locate` and
     ``.entry``: the one resolution; a name that cannot say is read as a text-to-image model)."""
     spec = model_spec(name_or_path, kind=T2I)
-    return spec.locate()[0], spec.entry
+    return spec.locate(T2I)[0], spec.entry
 
 
 def check_device(device: str) -> None:
@@ -78,7 +78,7 @@ def load_t2i(name_or_path: "str | ModelSpec" = "toy", device: str | None = None,
 
     spec = model_spec(name_or_path, kind=T2I)
     name_or_path = spec.name
-    source, known = spec.locate()[0], spec.entry
+    source, known = spec.locate(T2I)[0], spec.entry
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device)
     dtype = dtype or (torch.float16 if device == "cuda" else torch.float32)
