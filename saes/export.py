@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write
+from interp.models.spec import model_spec
 from interp.names import LM, T2I
 from interp.shipped import refuse_shipped
 
@@ -127,6 +128,9 @@ def read_cards(sae_dir: Path) -> dict:
     if not isinstance(cards, dict) or not isinstance(cards.get("features"), list):
         raise ExportError(f"{path} holds no feature cards (no 'features' list)")
     return cards
+
+
+KIND_WORDS = {LM: "lm", T2I: "image"}  # how a source set's description names its SAEs' kind
 
 
 def is_lm_cards(cards: dict) -> bool:
@@ -377,12 +381,12 @@ def _neuronpedia_tree(out, batches, image_batches, sae, sae_dir, model_id, layer
                           f"from {sae_dir.name}", "descriptionShort": config.release, "urls": [],
                           "creatorNameShort": CREATOR, "creatorName": CREATOR, "creatorId": CREATOR,
                           "visibility": "PUBLIC", "createdAt": created},
-        "model.jsonl": {"id": model_id, "instruct": "instruct" in model_id or "chat" in model_id,
+        "model.jsonl": {"id": model_id, "instruct": model_spec(model_id).chat_template(),  # the model's files say
                         "displayNameShort": model_id, "displayName": model_id, "creatorId": CREATOR,
                         "dimension": sae.cfg.d_in, "visibility": "PUBLIC", "createdAt": created,
                         "updatedAt": created},
         "sourceset.jsonl": {"modelId": model_id, "name": sae_set, "creatorId": CREATOR, "creatorName": CREATOR,
-                            "releaseName": config.release, "description": f"{settings['kind']} SAE, "
+                            "releaseName": config.release, "description": f"{KIND_WORDS[settings['kind']]} SAE, "
                             f"{sae.cfg.d_sae} latents", "visibility": "PUBLIC", "hasDashboards": True,
                             "createdAt": created},
         "source.jsonl": {"id": source, "modelId": model_id, "setName": sae_set, "creatorId": CREATOR,

@@ -84,6 +84,20 @@ class ModelSpec:
                 return value
         return None
 
+    def chat_template(self) -> bool:
+        """Whether a language model answers in a chat template (an instruct model), as its saved tokenizer says
+        (tokenizer_config.json's ``chat_template``, or a chat_template.jinja beside it); False for a text-to-image
+        model or one that is not on this machine."""
+        if self.kind != LM:
+            return False
+        try:
+            source, local = self.locate()
+        except ValueError:
+            return False
+        directory = Path(source)
+        return local and (bool(_json(directory / "tokenizer_config.json").get("chat_template"))
+                          or (directory / "chat_template.jinja").is_file())
+
     def locate(self, kind: str | None = None) -> tuple[str, bool]:
         """(what ``from_pretrained`` reads: a directory or a hub id, whether it is on this machine): the one
         resolution of a name, which both loaders take (``kind``: the loader's, which refuses a model of the other
