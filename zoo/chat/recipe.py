@@ -320,7 +320,8 @@ def saved_model_dir(name: str | os.PathLike) -> Path:
     text = str(name)
     directory = embedded_lms().get(text)  # an embedded name, as the core's one table maps it to its folder
     if directory is None:
-        directory = WEIGHTS_DIR / text if "/" not in text and (WEIGHTS_DIR / text).is_dir() else Path(text).expanduser()
+        shipped = WEIGHTS_DIR / text  # a folder of the weights directory by its own name, else a path
+        directory = shipped if shipped.parent == WEIGHTS_DIR and shipped.is_dir() else Path(text).expanduser()
     if not directory.is_dir():
         shipped = sorted(d.name for d in shipped_model_dirs())
         raise ValueError(f"no chat model {str(name)!r}: not a directory, nor one of the shipped models "
