@@ -104,7 +104,5 @@ def registry_entry(source: str) -> KnownModel | None:
 
 
 
-_recipe_made = recipe_made  # the name tests and older callers use
-
 __all__ = ["KNOWN_MODELS", "RECIPE_FILE", "SDXL_BLOCKS", "TOY_BLOCKS", "KnownModel", "ModelError", "default_blocks",
            "known_model", "recipe_made", "registry_entry"]
