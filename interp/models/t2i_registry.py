@@ -92,7 +92,6 @@ class ModelError(ValueError):
     """A model that cannot be loaded or a request it cannot serve, with what to do about it."""
 
 
-
 def registry_entry(source: str) -> KnownModel | None:
     """The KNOWN_MODELS entry of a hub repository id given as such (`stabilityai/sdxl-turbo`), or of a Hugging Face
     cache snapshot of it (`.../models--stabilityai--sdxl-turbo/snapshots/<commit>`: the cache's own layout)."""
@@ -101,7 +100,6 @@ def registry_entry(source: str) -> KnownModel | None:
     if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
         repo = parts[-3][len("models--"):].replace("--", "/")
     return next((m for m in KNOWN_MODELS.values() if not m.embedded and m.source == repo), None)
-
 
 
 __all__ = ["KNOWN_MODELS", "RECIPE_FILE", "SDXL_BLOCKS", "TOY_BLOCKS", "KnownModel", "ModelError", "default_blocks",
