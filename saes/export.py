@@ -62,6 +62,8 @@ import torch
 
 from interp.atomic import atomic_write
 from interp.cli import add_out_argument
+from interp.models.spec import model_spec
+from interp.names import LM, T2I
 from interp.shipped import refuse_shipped
 
 from .pool import FEATURES_FILENAME, load_analysis_images, load_pool_seeds
@@ -129,10 +131,14 @@ def read_cards(sae_dir: Path) -> dict:
     return cards
 
 
-def is_lm_cards(cards: dict) -> bool:
-    from .lm_features import KIND
+KIND_WORDS = {LM: "lm", T2I: "image"}  # how a source set's description names its SAEs' kind
 
-    return cards.get("kind") == KIND
+
+def is_lm_cards(cards: dict) -> bool:
+    """Whether feature cards are a language model's, as they say in the one vocabulary (`interp.names.kind_word`)."""
+    from interp.names import LM, kind_word
+
+    return kind_word(cards.get("kind")) == LM
 
 
 def hook_layer(hook: str | None) -> int | None:
@@ -336,7 +342,7 @@ def export_sae(sae_dir, out, config: ExportConfig | None = None, lm=None, overwr
     written = []
     settings = {"sae_path": str(sae_dir), "sae_set": sae_set, "model_id": model_id, "layer": layer,
                 "hook_name": hook, "np_sae_id_suffix": suffix, "n_features": len(exported),
-                "n_features_per_batch": config.features_per_batch, "kind": "lm" if lm_kind else "image",
+                "n_features_per_batch": config.features_per_batch, "kind": LM if lm_kind else T2I,
                 "n_prompts_total": exported[0]["n_prompts_total"] if exported else 0,
                 "n_tokens_in_prompt": exported[0]["n_tokens_in_prompt"] if exported else 0,
                 "dataset": exported[0]["dataset"] if exported else "", "cards": str(sae_dir / FEATURES_FILENAME),
@@ -376,12 +382,12 @@ def _neuronpedia_tree(out, batches, image_batches, sae, sae_dir, model_id, layer
                           f"from {sae_dir.name}", "descriptionShort": config.release, "urls": [],
                           "creatorNameShort": CREATOR, "creatorName": CREATOR, "creatorId": CREATOR,
                           "visibility": "PUBLIC", "createdAt": created},
-        "model.jsonl": {"id": model_id, "instruct": "instruct" in model_id or "chat" in model_id,
+        "model.jsonl": {"id": model_id, "instruct": model_spec(model_id).chat_template(),  # the model's files say
                         "displayNameShort": model_id, "displayName": model_id, "creatorId": CREATOR,
                         "dimension": sae.cfg.d_in, "visibility": "PUBLIC", "createdAt": created,
                         "updatedAt": created},
         "sourceset.jsonl": {"modelId": model_id, "name": sae_set, "creatorId": CREATOR, "creatorName": CREATOR,
-                            "releaseName": config.release, "description": f"{settings['kind']} SAE, "
+                            "releaseName": config.release, "description": f"{KIND_WORDS[settings['kind']]} SAE, "
                             f"{sae.cfg.d_sae} latents", "visibility": "PUBLIC", "hasDashboards": True,
                             "createdAt": created},
         "source.jsonl": {"id": source, "modelId": model_id, "setName": sae_set, "creatorId": CREATOR,
