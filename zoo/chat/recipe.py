@@ -486,12 +486,13 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def cli(argv: list[str] | None = None) -> int:
-    """The recipe's command line, through the CLIs' one error map (a bad value: one line and exit 2; Ctrl-C: 130)."""
+def cli(argv: list[str] | None = None, prog: str = "python -m zoo.chat.recipe") -> int:
+    """The recipe's command line, through the CLIs' one error map (a bad value: one line and exit 2; Ctrl-C: 130);
+    prog: the usage line's command (`python -m zoo.chat train` when zoo.chat's table runs it)."""
     from interp.cli import run_command
     from interp.shipped import add_overwrite_options
 
-    parser = argparse.ArgumentParser(prog="python -m zoo.chat.recipe", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = add_overwrite_options(parser).parse_args(argv)
     args.run = main
