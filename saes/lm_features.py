@@ -316,19 +316,9 @@ def window_values(acts: Activations, features: np.ndarray, starts: np.ndarray, l
     return out
 
 
-def feature_cards(acts: Activations, tokenizer, logits, config: LMAnalysisConfig) -> list[dict]:
-    """One card per feature, ordered by id (see the module's docstring for the fields). Every feature's top
-    contexts and their windows are found at once over the sparse activations (`top_contexts`,
-    `window_values`); each window's text is decoded once (`PieceDecoder`)."""
-    n_features = acts.d_sae
-    counts = np.bincount(acts.features, minlength=n_features)
-    sums = np.bincount(acts.features, weights=acts.values, minlength=n_features)
-    maxima = np.zeros(n_features)
-    np.maximum.at(maxima, acts.features, acts.values)
-    bins = config.histogram_bins
-    scaled = acts.values / np.maximum(maxima[acts.features], 1e-12)
-    which = np.minimum((scaled * bins).astype(np.int64), bins - 1)
-    histogram = np.bincount(acts.features * bins + which, minlength=n_features * bins).reshape(n_features, bins)
+def all_top_contexts(acts: Activations, tokenizer, config: LMAnalysisConfig) -> list[list[dict]]:
+    """Every feature's top contexts (the cards' ``top_contexts``), found for all features at once over the sparse
+    activations (`top_contexts`, `window_values`), each window's text decoded once (`PieceDecoder`)."""
     document_of = np.searchsorted(acts.starts, acts.rows, side="right") - 1
     order = np.lexsort((-acts.values, acts.features))              # by feature, largest activation first
     entries, entry_features = top_contexts(acts, document_of, order, config.n_top_contexts)
@@ -339,16 +329,49 @@ def feature_cards(acts: Activations, tokenizer, logits, config: LMAnalysisConfig
     lo = np.maximum(0, positions - config.window_before)
     hi = np.minimum(lengths, positions + config.window_after + 1)
     values = window_values(acts, entry_features, starts, lo, hi)
-    offsets = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64)
-    per_feature = np.concatenate([[0], np.cumsum(np.bincount(entry_features, minlength=n_features))])
+    offsets = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64).tolist()
+    per_feature = np.concatenate([[0], np.cumsum(np.bincount(entry_features, minlength=acts.d_sae))]).tolist()
+    pieces = PieceDecoder(tokenizer)
+    windows: dict[tuple[int, int, int], list[str]] = {}
+    docs, positions, lo, hi = docs.tolist(), positions.tolist(), lo.tolist(), hi.tolist()
+    if acts.values.dtype.itemsize <= 4:
+        # float32 values times 10^4 are exact in float64 (24 + 10 bits), so numpy's rint(x * 10^4) / 10^4 is the
+        # correctly rounded result that `_r`'s round(x, 4) gives, ties to even included
+        values = np.round(values, 4).tolist()
+    else:
+        values = [round(v, 4) for v in values.tolist()]
+    tops = acts.values[entries].tolist()
+    out = []
+    for f in range(acts.d_sae):
+        contexts = []
+        for n in range(per_feature[f], per_feature[f + 1]):
+            doc, a, b = docs[n], lo[n], hi[n]
+            tokens = windows.get((doc, a, b))
+            if tokens is None:  # the window's own text: a decode or two, not the sequence's
+                tokens = windows[doc, a, b] = pieces(acts.sequences[doc][a:b])
+            contexts.append({"sequence": doc, "position": positions[n], "activation": _r(tops[n]), "start": a,
+                             "tokens": tokens, "activations": values[offsets[n]:offsets[n + 1]],
+                             "highlight": positions[n] - a})
+        out.append(contexts)
+    return out
+
+
+def feature_cards(acts: Activations, tokenizer, logits, config: LMAnalysisConfig) -> list[dict]:
+    """One card per feature, ordered by id (see the module's docstring for the fields)."""
+    n_features = acts.d_sae
+    counts = np.bincount(acts.features, minlength=n_features)
+    sums = np.bincount(acts.features, weights=acts.values, minlength=n_features)
+    maxima = np.zeros(n_features)
+    np.maximum.at(maxima, acts.features, acts.values)
+    bins = config.histogram_bins
+    scaled = acts.values / np.maximum(maxima[acts.features], 1e-12)
+    which = np.minimum((scaled * bins).astype(np.int64), bins - 1)
+    histogram = np.bincount(acts.features * bins + which, minlength=n_features * bins).reshape(n_features, bins)
     up_ids, up_vals, down_ids, down_vals = logits[:4]
     logit_histograms = logits[4] if len(logits) > 4 else None
     vocabulary = sorted({int(i) for i in np.concatenate([up_ids.ravel(), down_ids.ravel()])})
     names = dict(zip(vocabulary, token_strings(tokenizer, vocabulary)))
-    pieces = PieceDecoder(tokenizer)
-    windows: dict[tuple[int, int, int], list[str]] = {}
-    docs, positions, lo, hi = docs.tolist(), positions.tolist(), lo.tolist(), hi.tolist()
-    tops, values = acts.values[entries].tolist(), values.tolist()
+    contexts = all_top_contexts(acts, tokenizer, config)
     cards = []
     for f in range(n_features):
         card = {"id": f, "frequency": _r(counts[f] / max(acts.counted, 1), 6),
@@ -356,21 +379,13 @@ def feature_cards(acts: Activations, tokenizer, logits, config: LMAnalysisConfig
                 "max_activation": _r(maxima[f]), "n_firing": int(counts[f]),
                 "histogram": {"edges": [_r(e) for e in np.linspace(0.0, maxima[f], bins + 1)],
                               "counts": [int(c) for c in histogram[f]]},
-                "top_contexts": [],
+                "top_contexts": contexts[f],
                 "promoted": [{"token": names[int(i)], "id": int(i), "logit": _r(v)}
                              for i, v in zip(up_ids[f], up_vals[f])],
                 "suppressed": [{"token": names[int(i)], "id": int(i), "logit": _r(v)}
                                for i, v in zip(down_ids[f], down_vals[f])]}
         if logit_histograms is not None:
             card["logit_histogram"] = {"values": logit_histograms[f][0], "heights": logit_histograms[f][1]}
-        for n in range(per_feature[f], per_feature[f + 1]):
-            doc, a, b = docs[n], lo[n], hi[n]
-            if (doc, a, b) not in windows:  # the window's own text: a decode or two, not the sequence's
-                windows[doc, a, b] = pieces(acts.sequences[doc][a:b])
-            card["top_contexts"].append({
-                "sequence": doc, "position": positions[n], "activation": _r(tops[n]), "start": a,
-                "tokens": windows[doc, a, b], "activations": [_r(v) for v in values[offsets[n]:offsets[n + 1]]],
-                "highlight": positions[n] - a})
         cards.append(card)
     return cards
 
@@ -453,9 +468,14 @@ def render_html(payload: dict, max_features: int = 256) -> str:
 
 def analyse_lm_sae(lm, sae: SAE, corpus_path: str | os.PathLike, out_dir: str | os.PathLike,
                    config: LMAnalysisConfig | None = None, model_name: str | None = None,
-                   sae_dir: str | os.PathLike | None = None, overwrite: bool = False) -> dict:
+                   sae_dir: str | os.PathLike | None = None, overwrite: bool = False, timings: dict | None = None,
+                   keep: dict | None = None) -> dict:
     """Cards of every feature of an SAE on an LM hook over a corpus; writes features.json and
-    features.html into out_dir and returns the features.json payload."""
+    features.html into out_dir and returns the features.json payload. ``timings``, when given, receives each
+    stage's wall time in seconds (corpus, encode, logits, cards, write); ``keep`` receives the stages' inputs
+    (``acts``, ``logits``) for a benchmark to rerun a stage on."""
+    import time
+
     from interp.hooks.lm_steer import check_sae_fits
 
     config = (config or LMAnalysisConfig()).validate()
@@ -465,13 +485,26 @@ def analyse_lm_sae(lm, sae: SAE, corpus_path: str | os.PathLike, out_dir: str | 
     hook = check_sae_fits(lm, sae, where=f"the SAE{f' in {sae_dir}' if sae_dir else ''}")
     from interp.lm_text import read_documents
 
-    documents = read_documents(corpus_path)
-    sequences = tokenize_corpus(lm.tokenizer, documents, config.tokens, min(config.max_length, lm.n_ctx))
-    acts = encode_corpus(lm, sae, hook, sequences, config.batch_size)
     from .export import LOGITS_HIST_BINS
 
+    timings = {} if timings is None else timings
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[stage] = round(now - clock, 2)
+        clock = now
+
+    documents = read_documents(corpus_path)
+    sequences = tokenize_corpus(lm.tokenizer, documents, config.tokens, min(config.max_length, lm.n_ctx))
+    lap("corpus")
+    acts = encode_corpus(lm, sae, hook, sequences, config.batch_size)
+    lap("encode")
     logits = logit_tokens(lm, sae, config.n_logit_tokens, histogram_bins=LOGITS_HIST_BINS)
+    lap("logits")
     cards = feature_cards(acts, lm.tokenizer, logits, config)
+    lap("cards")
     payload = {"kind": KIND, "block": hook, "hook": hook, "model": model_name or lm.name,
                "sae": str(sae_dir) if sae_dir is not None else None,
                "corpus": {"path": Path(corpus_path).name, "sha256": file_sha256(corpus_path),
@@ -482,6 +515,9 @@ def analyse_lm_sae(lm, sae: SAE, corpus_path: str | os.PathLike, out_dir: str | 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / FEATURES_FILENAME, payload, separators=(",", ":"))
     atomic_write_text(out_dir / HTML_FILENAME, render_html(payload, config.html_max_features))
+    lap("write")
+    if keep is not None:
+        keep.update(acts=acts, logits=logits)
     return payload
 
 

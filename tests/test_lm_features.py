@@ -181,47 +181,13 @@ def test_an_image_sae_still_needs_out_and_an_image_source(capsys):
     assert status == 2 and lines == ["error: give --out DIR, where features.html and features_summary.json go"]
 
 
-def _reference_cards(acts, tokenizer, logits, config) -> list[dict]:
-    """The cards' top contexts feature by feature (np.unique per feature, every window decoded token by token):
-    what `feature_cards` finds for all features at once."""
-    import numpy as np
-
-    from saes.lm_features import _r, sequence_pieces
-
-    document_of = np.searchsorted(acts.starts, acts.rows, side="right") - 1
-    order = np.lexsort((-acts.values, acts.features))
-    counts = np.bincount(acts.features, minlength=acts.d_sae)
-    group_starts = np.concatenate([[0], np.cumsum(counts)])
-    out = []
-    for f in range(acts.d_sae):
-        group = order[group_starts[f]:group_starts[f + 1]]
-        contexts = []
-        if len(group):
-            _, first_of_doc = np.unique(document_of[group], return_index=True)
-            best = group[np.sort(first_of_doc)][:config.n_top_contexts]
-            best = best[np.argsort(-acts.values[best], kind="stable")]
-            rows_f, values_f = acts.rows[group], acts.values[group]
-            for entry in best:
-                doc = int(document_of[entry])
-                start = int(acts.starts[doc])
-                position = int(acts.rows[entry]) - start
-                lo = max(0, position - config.window_before)
-                hi = min(len(acts.sequences[doc]), position + config.window_after + 1)
-                inside = (rows_f >= start + lo) & (rows_f < start + hi)
-                window = np.zeros(hi - lo)
-                window[rows_f[inside] - start - lo] = values_f[inside]
-                contexts.append({"sequence": doc, "position": position, "activation": _r(acts.values[entry]),
-                                 "start": lo, "tokens": sequence_pieces(tokenizer, acts.sequences[doc][lo:hi]),
-                                 "activations": [_r(v) for v in window], "highlight": position - lo})
-        out.append(contexts)
-    return out
-
-
 def test_every_features_top_contexts_at_once_equal_the_feature_by_feature_search():
-    """Sparse activations with ties (equal values in one sequence and across sequences), features firing in one
+    """The search over all features at once against the feature-by-feature one it replaced
+    (`benchmarks.export.per_feature_top_contexts`). Sparse activations with ties (equal values in one sequence and across sequences), features firing in one
     sequence, in many, never; windows cut at both ends of their sequence."""
     import numpy as np
 
+    from benchmarks.export import per_feature_top_contexts
     from saes.lm_features import Activations, feature_cards
 
     rng = np.random.default_rng(0)
@@ -242,7 +208,7 @@ def test_every_features_top_contexts_at_once_equal_the_feature_by_feature_search
     for top in (1, 3, 20):
         config = LMAnalysisConfig(n_top_contexts=top, window_before=5, window_after=3)
         cards = feature_cards(acts, lm.tokenizer, logits, config)
-        assert [c["top_contexts"] for c in cards] == _reference_cards(acts, lm.tokenizer, logits, config)
+        assert [c["top_contexts"] for c in cards] == per_feature_top_contexts(acts, lm.tokenizer, config)
     assert sum(len(c["top_contexts"]) > 3 for c in cards) > 10 and not cards[-1]["top_contexts"]
 
 
