@@ -36,7 +36,8 @@ from typing import Callable
 import torch
 
 from interp.atomic import atomic_write, atomic_write_text
-from interp.cli import add_backend_argument, add_dtype_argument, at_least, parse_dtype
+from interp.cli import (add_backend_argument, add_device_argument, add_dtype_argument, add_out_argument, at_least,
+                        parse_dtype)
 from interp.hooks.lm import residual_capture
 from interp.models.lm import use_chat_template
 
@@ -552,7 +553,7 @@ def vcl_command(args) -> int:
 def add_vcl_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--data", required=True, help="JSONL with prompt and completion fields")
-    parser.add_argument("--out", required=True, help="run directory (resumes when it holds a checkpoint)")
+    add_out_argument(parser, required=True, help="run directory (resumes when it holds a checkpoint)")
     parser.add_argument("--lambda", dest="weight", type=float, default=1.0, help="VCL weight (0: plain SFT)")
     parser.add_argument("--k", type=int, default=2, help="number of top singular directions")
     parser.add_argument("--window", type=float, nargs=2, default=(0.3, 0.5), metavar=("A", "B"),
@@ -572,6 +573,6 @@ def add_vcl_arguments(parser) -> None:
     add_chat_template_argument(parser)
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--eval-prompts", default=None, help="prompt-set JSONL or XSTest CSV: evaluated before and after")
-    parser.add_argument("--device", default="cpu")
+    add_device_argument(parser)
     add_backend_argument(parser, "only hf fine-tunes: ")
     add_dtype_argument(parser, what="the frozen weights of a LoRA run (adapters, optimizer and evaluation: float32)")

@@ -8,7 +8,8 @@ import sys
 
 import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
 
-from .cli import add_backend_argument, add_dtype_argument, at_least, dtype_name, parse_dtype, run_command
+from .cli import (add_backend_argument, add_dtype_argument, add_out_argument, at_least, dtype_name, parse_dtype,
+                  run_command)
 from .shipped import add_overwrite_options
 from .models.t2i import MAX_SEED
 
@@ -16,7 +17,7 @@ from .models.t2i import MAX_SEED
 def _generate(args) -> int:
     from .models import load_t2i
 
-    model = load_t2i(args.model, dtype=parse_dtype(args.dtype) if args.dtype else None)
+    model = load_t2i(args.model, dtype=parse_dtype(args.dtype))
     images = model.generate(args.prompt, steps=args.steps, seed=args.seed, guidance=args.guidance,
                             height=args.height, width=args.width)
     from pathlib import Path
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                           "model's)")
     gen.add_argument("--height", type=int, default=None)
     gen.add_argument("--width", type=int, default=None)
-    gen.add_argument("--out", default="image.png")
+    add_out_argument(gen, default="image.png")
     add_dtype_argument(gen, default=None, what="the pipeline")
     gen.set_defaults(run=_generate)
     blocks = commands.add_parser("blocks", help="list a model's hookable blocks, channels and sizes (and the text "

@@ -23,8 +23,8 @@ from typing import ClassVar, Iterable, Iterator
 
 import torch
 
-from .cli import (MIXED_DEFAULT, add_backend_argument, add_dtype_argument, at_least, dtype_name,
-                  parse_dtype)
+from .cli import (MIXED_DEFAULT, add_backend_argument, add_device_argument, add_dtype_argument, add_out_argument,
+                  at_least, dtype_name, parse_dtype)
 from .hooks.diffusion import capture_updates
 from .models.t2i import MAX_SEED, generate
 from .store import (CALLS_PER_STEP, FORMAT, LM_INDEX, LM_KIND, MANIFEST_FILE, PLAN_FILE, SHARD_DIR, STEP_REDUCTION,
@@ -397,7 +397,7 @@ def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--half", choices=("cond", "uncond"), default="cond",
                         help="which half of a CFG batch to store (without CFG the batch is the cond half)")
     parser.add_argument("--images-per-shard", type=at_least(1), default=16)
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available; "
+    add_device_argument(parser, default=None, help="cpu or cuda (default: cuda when available; "
                                                        "language models: cpu)")
     lm = parser.add_argument_group("language models (--text)")
     lm.add_argument("--max-tokens", type=at_least(1), default=None, help="collect the corpus' first N tokens "
@@ -413,7 +413,7 @@ def add_collect_arguments(parser: argparse.ArgumentParser) -> None:
     add_backend_argument(lm)
     lm.add_argument("--threads", type=at_least(1), default=None, help="torch threads (default: torch's)")
     add_dtype_argument(parser, default=None, what="the model (recorded in the plan)", said=MIXED_DEFAULT)
-    parser.add_argument("--out", required=True, help="store directory (created; resumed if it holds this plan)")
+    add_out_argument(parser, required=True, help="store directory (created; resumed if it holds this plan)")
 
 
 def collect_command(args) -> int:
@@ -451,7 +451,7 @@ def collect_command(args) -> int:
         if device is None and torch.cuda.is_available():
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
     try:
-        model = load_t2i(args.model, device=device, dtype=parse_dtype(args.dtype) if args.dtype else None)
+        model = load_t2i(args.model, device=device, dtype=parse_dtype(args.dtype))
         steps = model.default_steps if args.steps is None else args.steps
         guidance = model.default_guidance if args.guidance is None else args.guidance
         model.check_request(steps, guidance=guidance)

@@ -17,7 +17,7 @@ import sys
 
 import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded)
 
-from interp.cli import add_dtype_argument, at_least, dtype_name, probability, run_command, t2i_dtype
+from interp.cli import add_dtype_argument, add_out_argument, at_least, dtype_name, parse_dtype, probability, run_command
 from interp.shipped import add_overwrite_options
 
 
@@ -39,7 +39,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="headline table: compare methods at preservation >= this (0 to 1)")
     p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads")
     add_dtype_argument(p, default=None, what="the pipeline")
-    p.add_argument("--out", required=True, help="output directory (results, tables, plots)")
+    add_out_argument(p, required=True, help="output directory (results, tables, plots)")
 
 
 def _tasks(args) -> int:
@@ -78,7 +78,7 @@ def _load_model(args):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_t2i(args.model, dtype=t2i_dtype(args.dtype))
+    model = load_t2i(args.model, dtype=parse_dtype(args.dtype))
     args.dtype = dtype_name(model.denoiser.dtype)  # recorded in run.json
     if args.blocks is None:
         args.blocks = list(model.default_blocks)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-objects", type=int, default=2)
     t.add_argument("--category", action="append", default=None, choices=list(SHAPES_CATEGORIES))
     t.add_argument("--masks", default=None, help="PNG mask directory (public RIEBench file)")
-    t.add_argument("--out", required=True)
+    add_out_argument(t, required=True)
     t.set_defaults(run=_tasks)
 
     r = commands.add_parser("run", help="run one method (a grid of k_trans x m) over a suite (resumable)")
