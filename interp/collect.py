@@ -420,7 +420,7 @@ def collect_command(args) -> int:
     from tqdm import tqdm
 
     from .models import load_t2i
-    from .models.spec import model_spec
+    from .models.spec import model_spec, refuse_t2i_backend
 
     if model_spec(args.model).is_lm:
         args.dtype = args.dtype or "float32"
@@ -428,6 +428,10 @@ def collect_command(args) -> int:
     if args.text is not None:
         raise StoreError(f"--text is for language models; {args.model} is a text-to-image model: give --prompts "
                          f"or --world")
+    try:
+        refuse_t2i_backend(args.backend, args.model)
+    except ValueError as error:
+        raise StoreError(str(error)) from None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if args.prompts:

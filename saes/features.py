@@ -181,6 +181,9 @@ def image_features_command(args) -> int:
     from .pool import generate_pool, store_pool
     from .sae import check_sae_model
 
+    from interp.models.spec import refuse_t2i_backend
+
+    refuse_t2i_backend(getattr(args, "backend", None), args.model)
     if args.out is None:
         raise ValueError("give --out DIR, where features.html and features_summary.json go")
     if (args.store is None) == (args.world is None):
