@@ -100,13 +100,28 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=300_000)
     parser.add_argument("--max-length", type=int, default=128, help="tokens per sequence (the cards' max_length)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", help="the model's dtype (bfloat16: AMX/AVX512-BF16 CPUs)")
     parser.add_argument("--compare", action="store_true", help="also time the stages this replaced, side by side")
     parser.add_argument("--out", default="runs/benchmarks/export.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    lm = load_lm(args.model)
+    lm = load_lm(args.model, dtype=getattr(torch, args.dtype))
     result = {"cpu": cpu_name(), "threads": args.threads, "load_average_at_start": list(os.getloadavg()),
-              "model": args.model, "sae": str(args.sae), "top": args.top, "max_length": args.max_length}
+              "model": args.model, "dtype": args.dtype, "sae": str(args.sae), "top": args.top,
+              "max_length": args.max_length}
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def timed(key: str, run):
+        """run(), its wall and CPU seconds into result[key + '_s' / '_cpu_s'], the result so far written out."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        value = run()
+        result[f"{key}_s"] = round(time.perf_counter() - wall, 1)
+        result[f"{key}_cpu_s"] = round(time.process_time() - cpu, 1)
+        result["load_average_now"] = list(os.getloadavg())
+        out_path.write_text(json.dumps(result, indent=2) + "\n")
+        return value
+
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         sae_dir = tmp / Path(args.sae).name
@@ -115,11 +130,9 @@ def main() -> int:
         result["d_sae"], result["k"] = sae.cfg.d_sae, sae.cfg.k
         config = LMAnalysisConfig(tokens=args.tokens, n_top_contexts=args.top, max_length=args.max_length)
         stages, keep = {}, {}
-        start = time.perf_counter()
-        payload = analyse_lm_sae(lm, sae, args.text, sae_dir, config, model_name=args.model, sae_dir=sae_dir,
-                                 timings=stages, keep=keep)
-        result["cards_s"] = round(time.perf_counter() - start, 1)
-        result["cards_stages_s"] = stages
+        result["cards_stages"] = stages
+        payload = timed("cards", lambda: analyse_lm_sae(lm, sae, args.text, sae_dir, config, model_name=args.model,
+                                                        sae_dir=sae_dir, timings=stages, keep=keep))
         cards = payload["features"]
         acts = keep["acts"]
         spread = sequences_per_feature(acts)
@@ -132,38 +145,27 @@ def main() -> int:
               f"{result['features_with_top_records']} with {args.top}, {result['features_dead']} dead, in "
               f"{result['cards_s']} s {stages}", flush=True)
         for fmt in ("saedashboard", "neuronpedia"):
-            start = time.perf_counter()
-            summary = export_sae(sae_dir, tmp / fmt, ExportConfig(format=fmt))
-            result[f"export_{fmt}_s"] = round(time.perf_counter() - start, 1)
+            summary = timed(f"export_{fmt}", lambda: export_sae(sae_dir, tmp / fmt, ExportConfig(format=fmt)))
             result[f"export_{fmt}_mb"] = round(sum(Path(f).stat().st_size for f in summary["files"]) / 2**20, 1)
             print(f"export {fmt}: {result[f'export_{fmt}_s']} s, {result[f'export_{fmt}_mb']} MB", flush=True)
         result["total_min"] = round((result["cards_s"] + result["export_saedashboard_s"]) / 60, 1)
         if args.compare:
-            start = time.perf_counter()
-            all_top_contexts(acts, lm.tokenizer, config)
-            new = time.perf_counter() - start
-            start = time.perf_counter()
-            old = per_feature_top_contexts(acts, lm.tokenizer, config)
-            before = time.perf_counter() - start
+            timed("compare_top_contexts_at_once", lambda: all_top_contexts(acts, lm.tokenizer, config))
+            old = timed("compare_top_contexts_feature_by_feature",
+                        lambda: per_feature_top_contexts(acts, lm.tokenizer, config))
             assert old == [c["top_contexts"] for c in cards], "the two searches disagree"
-            result["compare_cards_stage_s"] = {"all_features_at_once": round(new, 1),
-                                               "feature_by_feature": round(before, 1),
-                                               "ratio": round(before / new, 1)}
-            print(f"cards stage: {new:.1f} s at once, {before:.1f} s feature by feature", flush=True)
+            print(f"top contexts: {result['compare_top_contexts_at_once_s']} s at once, "
+                  f"{result['compare_top_contexts_feature_by_feature_s']} s feature by feature", flush=True)
             stale = json.loads((sae_dir / "features.json").read_text())
             for card in stale["features"]:
                 del card["logit_histogram"]
             (sae_dir / "features.json").write_text(json.dumps(stale))
-            start = time.perf_counter()
-            export_sae(sae_dir, tmp / "through-model", ExportConfig(format="saedashboard"), lm=lm)
-            through = time.perf_counter() - start
-            result["compare_export_saedashboard_s"] = {"from_the_cards": result["export_saedashboard_s"],
-                                                       "logit_effects_again": round(through, 1),
-                                                       "ratio": round(through / result["export_saedashboard_s"], 1)}
-            print(f"export through the model: {through:.1f} s", flush=True)
+            timed("compare_export_saedashboard_through_the_model",
+                  lambda: export_sae(sae_dir, tmp / "through-model", ExportConfig(format="saedashboard"), lm=lm))
+            print(f"export through the model: {result['compare_export_saedashboard_through_the_model_s']} s",
+                  flush=True)
     result["load_average_at_end"] = list(os.getloadavg())
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    out_path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 

@@ -472,7 +472,8 @@ def analyse_lm_sae(lm, sae: SAE, corpus_path: str | os.PathLike, out_dir: str | 
                    keep: dict | None = None) -> dict:
     """Cards of every feature of an SAE on an LM hook over a corpus; writes features.json and
     features.html into out_dir and returns the features.json payload. ``timings``, when given, receives each
-    stage's wall time in seconds (corpus, encode, logits, cards, write); ``keep`` receives the stages' inputs
+    stage's wall time and this process' CPU time in seconds (``{stage}_s``, ``{stage}_cpu_s``: corpus, encode,
+    logits, cards, write); ``keep`` receives the stages' inputs
     (``acts``, ``logits``) for a benchmark to rerun a stage on."""
     import time
 
@@ -488,12 +489,12 @@ def analyse_lm_sae(lm, sae: SAE, corpus_path: str | os.PathLike, out_dir: str | 
     from .export import LOGITS_HIST_BINS
 
     timings = {} if timings is None else timings
-    clock = time.perf_counter()
+    clock = (time.perf_counter(), time.process_time())
 
     def lap(stage: str) -> None:
         nonlocal clock
-        now = time.perf_counter()
-        timings[stage] = round(now - clock, 2)
+        now = (time.perf_counter(), time.process_time())
+        timings[f"{stage}_s"], timings[f"{stage}_cpu_s"] = round(now[0] - clock[0], 2), round(now[1] - clock[1], 2)
         clock = now
 
     documents = read_documents(corpus_path)

@@ -160,3 +160,21 @@ def test_backend_nnsight_for_a_text_to_image_model_is_one_line(argv, tmp_path, c
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "--backend nnsight is for language models; toy is a text-to-image model" in err
     assert not out.exists() and not (tmp_path / "pool").exists()
+
+
+def test_a_model_nnsight_cannot_wrap_is_one_line(tmp_path, capsys):
+    """A family the site table lacks (MPT) is refused before nnsight wraps it: the sites would be guessed."""
+    from transformers import MptConfig, MptForCausalLM
+
+    from interp.__main__ import main
+
+    MptForCausalLM(MptConfig(d_model=16, n_heads=2, n_layers=1, vocab_size=len(TOKENIZER))).save_pretrained(tmp_path)
+    TOKENIZER.save_pretrained(tmp_path)
+    capsys.readouterr()
+    try:
+        code = main(["hooks", "--model", str(tmp_path), "--backend", "nnsight"])
+    except SystemExit as exit_:
+        code = exit_.code
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "it/s]" not in line]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: the workbench has no site table for "
+                                                                 "model_type 'mpt'"), lines
