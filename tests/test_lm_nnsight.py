@@ -143,6 +143,8 @@ def test_nnsight_diffusion_model_reads_the_blocks_the_workbench_captures():
     ["interp", "collect", "--model", "toy", "--world", "2", "--backend", "nnsight"],
     ["interp", "hooks", "--model", "toy", "--backend", "nnsight"],
     ["saes", "features", "--model", "toy", "--sae", "saes/pretrained/toy", "--world", "2", "--backend", "nnsight"],
+    ["saes", "eval", "--model", "toy", "--sae", "saes/pretrained/toy/up_blocks.1.attentions.1", "--world", "2",
+     "--backend", "nnsight"],
 ])
 def test_backend_nnsight_for_a_text_to_image_model_is_one_line(argv, tmp_path, capsys, monkeypatch):
     import importlib
@@ -150,7 +152,7 @@ def test_backend_nnsight_for_a_text_to_image_model_is_one_line(argv, tmp_path, c
     monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[1])
     main = importlib.import_module(f"{argv[0]}.__main__").main
     out = tmp_path / "out"
-    args = argv[1:] + (["--out", str(out)] if argv[1] != "hooks" else [])
+    args = argv[1:] + (["--out", str(out)] if argv[1] not in ("hooks", "eval") else [])
     args += ["--pool-dir", str(tmp_path / "pool")] if argv[1] == "features" else []
     try:
         code = main(args)
