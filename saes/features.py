@@ -172,6 +172,9 @@ def add_features_arguments(parser) -> None:
     parser.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
                                                      "with Dolly's or text fields, or plain text lines)")
     parser.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
+    parser.add_argument("--max-length", type=at_least(2), default=1024,
+                        help="--text: tokens per sequence (a card keeps one context per sequence: shorter sequences "
+                             "give a corpus more of them)")
     add_backend_argument(parser, what="--text: ")
 
 

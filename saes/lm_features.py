@@ -553,7 +553,8 @@ def lm_features_command(args) -> int:
         if len(recorded) != 1:
             raise ValueError("give --model NAME, the language model the SAE reads (its cfg.json names none)")
         model = recorded.pop()
-    config = LMAnalysisConfig(tokens=args.tokens, n_top_contexts=args.top)
+    config = LMAnalysisConfig(tokens=args.tokens, n_top_contexts=args.top,
+                              max_length=getattr(args, "max_length", LMAnalysisConfig.max_length))
     out_dirs = [Path(args.out) / d.name if args.out and len(sae_dirs) > 1 else Path(args.out or d)
                 for d in sae_dirs]
     if not args.overwrite:

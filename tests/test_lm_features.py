@@ -38,7 +38,7 @@ def _cards() -> tuple[dict, Path, Path]:
     corpus = _corpus(work)
     out = work / "cards"
     assert main(["features", "--sae", str(toy_lm_sae()[1]), "--text", str(corpus), "--tokens", "900",
-                 "--out", str(out)]) == 0  # no --model: the SAE's metadata names toy-chat
+                 "--max-length", "48", "--out", str(out)]) == 0  # no --model: the SAE's metadata names toy-chat
     return json.loads((out / "features.json").read_text()), out, corpus
 
 
@@ -60,6 +60,7 @@ def test_cards_are_written_as_strict_json_and_a_self_contained_page():
     payload, out, _ = _cards()
     assert payload["kind"] == "lm" and payload["hook"] == HOOK and payload["model"] == "toy-chat"
     assert payload["corpus"]["tokens"] == 900 and payload["corpus"]["path"] == "corpus.jsonl"
+    assert payload["config"]["max_length"] == 48 and payload["corpus"]["sequences"] >= 900 // 48
     assert len(payload["features"]) == 256 and [c["id"] for c in payload["features"]] == list(range(256))
     html = (out / "features.html").read_text()
     assert html.startswith("<!doctype html>") and "<script" not in html and "http" not in html
