@@ -429,7 +429,7 @@ def collect_command(args) -> int:
         raise StoreError(f"--text is for language models; {args.model} is a text-to-image model: give --prompts "
                          f"or --world")
     try:
-        refuse_t2i_backend(args.backend, args.model)
+        refuse_t2i_backend(getattr(args, "backend", None), args.model)
     except ValueError as error:
         raise StoreError(str(error)) from None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
