@@ -206,7 +206,7 @@ def test_every_features_top_contexts_at_once_equal_the_feature_by_feature_search
     acts = Activations(sequences, starts, rows[shuffle], feats[shuffle].astype(np.int64), values[shuffle],
                        int(starts[-1]), F)
     logits = tuple(np.zeros((F, 2), dtype=d) for d in (np.int64, np.float32, np.int64, np.float32))
-    for top in (1, 3, 20):
+    for top in (2, 20):
         config = LMAnalysisConfig(n_top_contexts=top, window_before=5, window_after=3)
         cards = feature_cards(acts, lm.tokenizer, logits, config)
         assert [c["top_contexts"] for c in cards] == per_feature_top_contexts(acts, lm.tokenizer, config)

@@ -111,13 +111,9 @@ def test_nnsight_diffusion_model_reads_the_blocks_the_workbench_captures():
     """What docs/lm-architectures.md reports of nnsight's DiffusionModel: it reaches the denoiser's blocks as envoys,
     and a block's output read through it at every step equals the workbench's capture of the same pipeline call
     (tiny SD1: both classifier-free halves, two steps); the workbench still refuses it as a backend (next test)."""
-    import sys
-
     import nnsight
     from nnsight.modeling.diffusion import DiffusionModel, _PipelineModule
-
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
-    from tiny_diffusers import tiny_model
+    from tiny_diffusers import tiny_model  # tests/ is on the path
 
     from interp.hooks import capture_updates
 
@@ -149,7 +145,9 @@ def test_nnsight_diffusion_model_reads_the_blocks_the_workbench_captures():
 def test_backend_nnsight_for_a_text_to_image_model_is_one_line(argv, tmp_path, capsys, monkeypatch):
     import importlib
 
-    monkeypatch.chdir(__import__("pathlib").Path(__file__).resolve().parents[1])
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
     main = importlib.import_module(f"{argv[0]}.__main__").main
     out = tmp_path / "out"
     args = argv[1:] + (["--out", str(out)] if argv[1] not in ("hooks", "eval") else [])
