@@ -87,6 +87,7 @@ def sequences_per_feature(acts) -> np.ndarray:
 
 
 def main() -> int:
+    from interp.cli import parse_dtype
     from interp.models.lm import load_lm
     from saes.export import ExportConfig, export_sae
     from saes.lm_features import LMAnalysisConfig, all_top_contexts, analyse_lm_sae
@@ -105,7 +106,7 @@ def main() -> int:
     parser.add_argument("--out", default="runs/benchmarks/export.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    lm = load_lm(args.model, dtype=getattr(torch, args.dtype))
+    lm = load_lm(args.model, dtype=parse_dtype(args.dtype))
     result = {"cpu": cpu_name(), "threads": args.threads, "load_average_at_start": list(os.getloadavg()),
               "model": args.model, "dtype": args.dtype, "sae": str(args.sae), "top": args.top,
               "max_length": args.max_length}
