@@ -572,8 +572,8 @@ def lm_features_command(args) -> int:
     return 0
 
 
-__all__ = ["LMAnalysisConfig", "PieceDecoder", "all_top_contexts", "analyse_lm_sae", "card_html", "encode_corpus", "feature_cards",
-           "lm_features_command", "load_lm_cards", "logit_tokens", "render_html", "sae_hook_name",
+__all__ = ["LMAnalysisConfig", "PieceDecoder", "all_top_contexts", "analyse_lm_sae", "card_html", "encode_corpus",
+           "feature_cards", "lm_features_command", "load_lm_cards", "logit_tokens", "render_html", "sae_hook_name",
            "tokenize_corpus"]
 
 
