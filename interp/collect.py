@@ -233,7 +233,7 @@ def collect_command(args) -> int:
     from tqdm import tqdm
 
     from .models import load_t2i
-    from .models.spec import model_spec
+    from .models.spec import model_spec, refuse_t2i_backend
 
     if model_spec(args.model).is_lm:
         from .collect_lm import lm_collect_command
@@ -243,6 +243,10 @@ def collect_command(args) -> int:
     if args.text is not None:
         raise StoreError(f"--text is for language models; {args.model} is a text-to-image model: give --prompts "
                          f"or --world")
+    try:
+        refuse_t2i_backend(getattr(args, "backend", None), args.model)
+    except ValueError as error:
+        raise StoreError(str(error)) from None
     rank, world_size = torchrun_rank()
     if args.prompts:
         prompts = read_prompts(args.prompts)

@@ -23,8 +23,9 @@ Where each field comes from (the project's cards are the source: an export equal
   maximum, ``bin_contains`` -1); the number of records is the cards' (`saes features --top N`);
 - ``pos_*`` / ``neg_*``: the cards' promoted / suppressed tokens; ``logits_hist_data_*``: SAEDashboard's histogram
   (50 equal bins between the minimum and maximum, centres as values) of the decoder direction's logit effect on
-  every token of the vocabulary, through the model's own final norm and head (`interp.hooks.lm_steer.logit_effects`,
-  the cards' computation), so the model is loaded;
+  every token of the vocabulary, through the model's own final norm and head (`interp.hooks.lm_steer.logit_effects`):
+  the cards' ``logit_histogram``, made in the same pass as their promoted / suppressed tokens; for cards made before
+  they kept it, computed here again (the model is then loaded);
 - ``frac_nonzero``: the cards' frequency; ``freq_hist_data_*``: the cards' activation histogram (its bins'
   centres and counts);
 - ``neuron_alignment_*``: SAEDashboard's table from the decoder row (its 3 largest entries, their share of the
@@ -314,17 +315,22 @@ def export_sae(sae_dir, out, config: ExportConfig | None = None, lm=None, overwr
     sae_set = config.sae_set or f"{'res' if lm_kind else 'img'}-{sae.cfg.d_sae}"
     features = [int(c["id"]) for c in cards["features"]]
     if lm_kind:
-        if lm is None:
-            from interp.models.lm import load_lm
+        if all("logit_histogram" in card for card in cards["features"]):  # made with the cards' logit effects
+            logits_hist = {int(c["id"]): (c["logit_histogram"]["values"], c["logit_histogram"]["heights"])
+                           for c in cards["features"]}
+        else:  # cards made before they kept the histogram: the logit effects again, through the model
+            if lm is None:
+                from interp.models.lm import load_lm
 
-            name = cards.get("model") or sae.cfg.metadata.get("model_name")
-            if not name:
-                raise ExportError(f"the cards in {sae_dir} name no model; remake them with `python -m saes features`")
-            lm = load_lm(str(name))
-        from interp.hooks.lm_steer import check_sae_fits
+                name = cards.get("model") or sae.cfg.metadata.get("model_name")
+                if not name:
+                    raise ExportError(f"the cards in {sae_dir} name no model; remake them with `python -m saes "
+                                      f"features`")
+                lm = load_lm(str(name))
+            from interp.hooks.lm_steer import check_sae_fits
 
-        check_sae_fits(lm, sae, where=f"the SAE in {sae_dir}")
-        logits_hist = _lm_logit_histograms(lm, W_dec, features)
+            check_sae_fits(lm, sae, where=f"the SAE in {sae_dir}")
+            logits_hist = _lm_logit_histograms(lm, W_dec, features)
         exported = [lm_feature(card, cards, W_dec, logits_hist) for card in cards["features"]]
         images = None
     else:

@@ -111,9 +111,8 @@ class ModelSpec:
         (`T2IModel.describe`, which loads the pipeline). Both have ``"sites"``: every name a capture accepts.
         ``backend="transformer_lens"`` (language models only) loads the model there and lists the hook points that
         were checked against the Hugging Face model at load (also for a family the site table lacks)."""
-        if backend != "hf" and not self.is_lm:
-            raise ValueError(f"--backend {backend} is for language models; {self.name} is a text-to-image model "
-                             f"(leave --backend out)")
+        if not self.is_lm:
+            refuse_t2i_backend(backend, self.name)
         if backend != "hf":
             from ..hooks.lm import check_hooks, model_sites, residual_hook_names
 
@@ -326,5 +325,16 @@ def saved_kind(path: str | os.PathLike) -> str | None:
     return LM if (path / "config.json").is_file() else None
 
 
+def refuse_t2i_backend(backend: str | None, name: str) -> None:
+    """One line for ``--backend`` other than hf on a text-to-image model: its blocks are hooked through diffusers'
+    modules only. nnsight's DiffusionModel reaches the same blocks (their outputs read through it equal the
+    workbench's captures) but loads a pipeline only from a repo id or path and runs its own pipeline call, not the
+    workbench's generation (docs/lm-architectures.md, "nnsight and text-to-image models")."""
+    if backend not in (None, "hf"):
+        raise ValueError(f"--backend {backend} is for language models; {name} is a text-to-image model, whose blocks "
+                         f"the workbench hooks through diffusers only (leave --backend out; docs/lm-architectures.md "
+                         f"says why nnsight's DiffusionModel is not a backend here)")
+
+
 __all__ = ["KINDS", "LM", "LoadedModel", "ModelSpec", "T2I", "embedded_lms", "kind_of", "loader", "model_spec",
-           "register_loader", "saved_hook_name", "saved_kind"]
+           "refuse_t2i_backend", "register_loader", "saved_hook_name", "saved_kind"]
