@@ -143,8 +143,11 @@ def image_eval_command(args) -> int:
     """`saes eval` for an SAE on a text-to-image model's block: EV, L0 and dead features on a store or --world N
     generations, and with --model splice fidelity (`saes.lm_eval`'s `eval_command` sends a language model's SAE to
     `lm_eval_command`)."""
+    from interp.models.spec import refuse_t2i_backend
+
     from .train import open_store
 
+    refuse_t2i_backend(getattr(args, "backend", None), args.model or "the SAE's model")
     sae = SAE.load(args.sae)
     block = args.block or sae.cfg.metadata.get("hook_name")
     if not block:

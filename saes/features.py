@@ -172,6 +172,9 @@ def add_features_arguments(parser) -> None:
     parser.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
                                                      "with Dolly's or text fields, or plain text lines)")
     parser.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
+    parser.add_argument("--max-length", type=at_least(2), default=1024,
+                        help="--text: tokens per sequence (a card keeps one context per sequence: shorter sequences "
+                             "give a corpus more of them)")
     add_backend_argument(parser, what="--text: ")
 
 
@@ -181,6 +184,9 @@ def image_features_command(args) -> int:
     from .pool import generate_pool, store_pool
     from .sae import check_sae_model
 
+    from interp.models.spec import refuse_t2i_backend
+
+    refuse_t2i_backend(getattr(args, "backend", None), args.model)
     if args.out is None:
         raise ValueError("give --out DIR, where features.html and features_summary.json go")
     if (args.store is None) == (args.world is None):

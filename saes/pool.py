@@ -171,7 +171,9 @@ def load_model(args):
     """The text-to-image model a `saes` command generates with: --model in --dtype (on --device), torch using
     --threads, and --steps / --guidance as its defaults."""
     from interp.models import load_t2i
+    from interp.models.spec import refuse_t2i_backend
 
+    refuse_t2i_backend(getattr(args, "backend", None), args.model)
     torch.set_num_threads(args.threads)
     model = load_t2i(args.model, device=getattr(args, "device", None), dtype=parse_dtype(getattr(args, "dtype", None)))
     # --steps / --guidance replace the model's defaults for every generation of the command

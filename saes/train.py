@@ -38,6 +38,7 @@ from interp.atomic import atomic_write, atomic_write_text
 from interp.cli import add_out_argument, at_least, parse_options
 
 from .sae import SAE
+from .sharded import SHARDABLE
 from .strict_json import dumps, write_json
 from .trainers import TRAINERS, TRANSCODER_TRAINERS, make_trainer
 
@@ -78,7 +79,7 @@ class TrainConfig:
     seed: int = 0
     metadata: dict = field(default_factory=dict)  # hook_name (block), model_name, store path
     autocast: bool = False  # topk: the dense encoder product in bf16 (it only picks the latents; docs/dtype.md)
-    shard_latents: bool = False  # topk under torchrun: each rank holds d_sae / world latents (saes/sharded.py)
+    shard_latents: bool = False  # under torchrun: d_sae / world latents a rank (saes/sharded.py: SHARDABLE)
     d_out: int = 0  # transcoders: the target's width (each batch row is input then target); 0 for an SAE
 
     def validate(self) -> "TrainConfig":
@@ -91,8 +92,10 @@ class TrainConfig:
                      "checkpoint_every_steps"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.shard_latents and (self.architecture != "topk" or self.autocast):
-            raise ValueError("--shard-latents is an option of the topk trainer, without --autocast")
+        if self.shard_latents and (self.architecture not in SHARDABLE or self.autocast):
+            raise ValueError(f"--shard-latents works for {', '.join(SHARDABLE)} (without --autocast), not "
+                             f"{self.architecture}{' with --autocast' if self.architecture in SHARDABLE else ''}: "
+                             "the transcoders train data parallel")
         if self.d_out < 0:
             raise ValueError(f"d_out must be positive for a transcoder (0 for an SAE), got {self.d_out}")
         if self.autocast and self.architecture != "topk":
@@ -450,8 +453,8 @@ def add_train_arguments(parser) -> None:
                         default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
     parser.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
     parser.add_argument("--shard-latents", action="store_true",
-                        help="topk under torchrun: each process holds d_sae / world latents (exact global top k); "
-                             "checkpoints hold the whole SAE (docs/distributed.md)")
+                        help="every architecture but the transcoders, under torchrun: each process "
+                             "holds d_sae / world latents; checkpoints hold the whole SAE (docs/distributed.md)")
 
 
 def train_command(args) -> int:

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import flowlens.diversity
-import interp.__main__
-import riebench.__main__
+import interp.models.listing
+import riebench.report
 import saes.features
 import saes.report
 from flowlens.__main__ import main as flowlens_main
@@ -288,9 +288,9 @@ def test_riebench_run_on_a_model_with_an_unsafe_pickle_is_a_message_naming_it(tm
 
 # ----------------------------------------------------------------------------- one behaviour for four CLIs
 
-CLIS = {"interp": (interp_main, ["blocks"], interp.__main__, "_blocks"),
+CLIS = {"interp": (interp_main, ["blocks"], interp.models.listing, "blocks_command"),
         "saes": (saes_main, ["report", "--root", "x"], saes.report, "report_command"),
-        "riebench": (riebench_main, ["report", "x"], riebench.__main__, "_report"),
+        "riebench": (riebench_main, ["report", "x"], riebench.report, "report_command"),
         "flowlens": (flowlens_main, ["diversity", "x"], flowlens.diversity, "diversity_command")}
 
 
