@@ -1,16 +1,19 @@
 """Image SAEBench on the toy's blocks across trainers (issue 44): every image eval (`saes.bench.image`) on each SAE,
-timed, into one JSON and a markdown table.
+timed, into one JSON and a markdown table (with, for several trainers, which wins each metric).
 
     # the six shipped SAEs (TopK, one per block): the timed run of the issue's speed goal
     python -m experiments.image_saebench run --out experiments/results/image_saebench_shipped.json
-    # every trainer on the toy's blocks: TopK shipped, the others trained with `saes train` into --trained
-    python -m experiments.image_saebench run --trainers topk batchtopk jumprelu standard matryoshka \
-        --trained /work/scratch/bench-image/saes --out experiments/results/image_saebench_trainers.json
-    python -m experiments.image_saebench report experiments/results/image_saebench_trainers.json
+    # every trainer on the toy's 16 x 16 blocks: the like-for-like set of saes/pretrained/toy-trainers (its train.sh)
+    # and the shipped TopK (topk-shipped) as an unranked reference
+    python -m experiments.image_saebench run \
+        --trainers topk-shipped topk batchtopk matryoshka jumprelu standard gated p-anneal \
+        --blocks up_blocks.1.attentions.2 up_blocks.1.attentions.1 --trained saes/pretrained/toy-trainers \
+        --out experiments/results/image_saebench_trainers_16x16.json
+    python -m experiments.image_saebench report experiments/results/image_saebench_trainers_16x16.json
     python -m experiments.image_saebench training saes/pretrained/toy-trainers   # the set's training numbers
 
-The trained SAEs come from `benchmarks`-style commands listed in docs/image-saebench.md (2M vectors each on the
-toy's store of 1500 world images; the shipped TopK SAEs had 10M on 3000).
+The trained set: 2M vectors each on the toy's store of 1500 world images, d_sae 256 (the shipped TopK SAEs had 10M
+on 3000); docs/image-saebench.md reads the results.
 """
 
 from __future__ import annotations
