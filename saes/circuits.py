@@ -252,8 +252,11 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     rows_per_pass = batch_size
     input_ids = torch.tensor([ids] * rows_per_pass, device=device)
     lm.model.eval()
-    with replacement_pass(lm, replace) as session:
-        output = lm.model(input_ids=input_ids)
+    import inspect
+
+    keep_last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(lm.model.forward).parameters else {}
+    with replacement_pass(lm, replace, same_rows=True) as session:
+        output = lm.model(input_ids=input_ids, **keep_last)
         session.check_frozen()
         logits = output.logits[0, -1].detach().to(cdt)
         embeddings = session.embeddings
@@ -261,7 +264,7 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
         mlp_inputs = [session.mlp_inputs[layer] for layer in range(n_layers)]
         final = session.final
     with torch.no_grad():
-        real = lm.model(input_ids=input_ids[:1]).logits[0, -1].to(cdt)
+        real = lm.model(input_ids=input_ids[:1], **keep_last).logits[0, -1].to(cdt)
     drift = float((real - logits).abs().max())
     if drift > 1e-3 * (1 + float(real.abs().max())):
         raise GraphError(f"the replacement model's logits differ from the model's by {drift:.3g}: the frozen pass "
@@ -334,21 +337,26 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     feature_inputs = torch.zeros(n_features, dtype=cdt)
 
     def feature_rows(indices: torch.Tensor) -> None:
-        for layer in indices_layers(indices):
-            chosen = indices[features[indices, 0] == layer]
-            tc = transcoders[layer]
-            for start in range(0, len(chosen), rows_per_pass):
-                idx = chosen[start:start + rows_per_pass]
-                n = len(idx)
-                encoders = tc.W_enc[:, features[idx, 2]].T.to(mlp_inputs[layer].dtype)  # (n, d)
-                picked = mlp_inputs[layer][torch.arange(n), features[idx, 1]]  # (n, d)
-                values = (picked * encoders).sum(-1)
-                feature_inputs[idx] = values.detach().to(cdt)
-                adjacency[idx] = torch.cat([rows_for(values.sum(), layer, n),
-                                            torch.zeros(n, n_logits, dtype=cdt)], 1)
-
-    def indices_layers(indices: torch.Tensor) -> list[int]:
-        return sorted(set(features[indices, 0].tolist()))
+        """Rows of these features, in full batches of ``rows_per_pass`` (one backward pass each): features in
+        layer order, so a batch reaches back only as far as its deepest layer (a row of an earlier layer gets
+        zero from the layers at and after its own: no path leads there)."""
+        indices = indices[torch.argsort(features[indices, 0], stable=True)]
+        for start in range(0, len(indices), rows_per_pass):
+            idx = indices[start:start + rows_per_pass]
+            n = len(idx)
+            row_layers = features[idx, 0]
+            values = []
+            for layer in sorted(set(row_layers.tolist())):
+                rows = (row_layers == layer).nonzero().flatten()
+                encoders = transcoders[layer].W_enc[:, features[idx[rows], 2]].T.to(mlp_inputs[layer].dtype)
+                picked = mlp_inputs[layer][rows, features[idx[rows], 1]]  # (rows, d): batch row i for target i
+                values.append((rows, (picked * encoders).sum(-1)))
+            value = torch.zeros(n, dtype=values[0][1].dtype)
+            for rows, v in values:
+                value = value.index_put((rows,), v)
+            feature_inputs[idx] = value.detach().to(cdt)
+            adjacency[idx] = torch.cat([rows_for(value.sum(), int(row_layers.max()), n),
+                                        torch.zeros(n, n_logits, dtype=cdt)], 1)
 
     visited = torch.zeros(n_features, dtype=torch.bool)
     if n_features <= limit:
@@ -360,7 +368,7 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
         weights = torch.zeros(n_nodes, dtype=cdt)
         weights[logit_start:] = probabilities[target_ids].to(cdt)
         while int(visited.sum()) < limit:
-            influence = total_influence(normalize_matrix(adjacency), weights)[:n_features]
+            influence = _visited_influence(adjacency, weights, visited, logit_start)[:n_features]
             influence[visited] = -1
             take = min(4 * rows_per_pass, limit - int(visited.sum()))
             chosen = torch.argsort(influence, descending=True)[:take]
@@ -405,6 +413,24 @@ def total_influence(normalized: torch.Tensor, weights: torch.Tensor, max_iterati
         if not current.any():
             return influence
         influence += current
+    raise GraphError("influence did not converge: the adjacency matrix is not a DAG")
+
+
+def _visited_influence(adjacency: torch.Tensor, weights: torch.Tensor, visited: torch.Tensor,
+                       logit_start: int) -> torch.Tensor:
+    """total_influence(normalize_matrix(adjacency), weights) while only the visited features' rows and the logits'
+    rows are filled (every other row is zero, so only those rows carry influence on): the same numbers from a
+    (rows x nodes) matrix instead of (nodes x nodes)."""
+    rows = torch.cat([visited.nonzero().flatten(), torch.arange(logit_start, adjacency.shape[0])])
+    normalized = normalize_matrix(adjacency[rows])
+    current = weights[rows]
+    influence = torch.zeros_like(weights)
+    for _ in range(1000):
+        spread = current @ normalized
+        influence += spread
+        current = spread[rows]
+        if not current.any():
+            return influence
     raise GraphError("influence did not converge: the adjacency matrix is not a DAG")
 
 
