@@ -147,7 +147,12 @@ def tokenize_prompt(lm, prompt: str, chat: bool = False) -> list[int]:
         text = format_prompts(lm.tokenizer, [prompt], chat_template=True)[0]
         ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
-        ids = lm.tokenizer(prompt)["input_ids"]
+        from interp.lm_text import start_token
+
+        # led by the start token, as the transcoders' training sequences are (interp.lm_text.token_sequences):
+        # a tokenizer that does not add one (SmolLM2's) would make the first word the attention sink
+        start, added = start_token(lm.tokenizer)
+        ids = lm.tokenizer(prompt)["input_ids"] if added else [start] + lm.tokenizer(prompt)["input_ids"]
     if len(ids) > lm.n_ctx:
         raise GraphError(f"the prompt has {len(ids)} tokens, past the model's context of {lm.n_ctx}")
     return list(ids)
@@ -657,7 +662,67 @@ def real_effects(lm, graph: AttributionGraph, transcoders: dict[int, SAE], nodes
     return (edited[targets] - edited.mean()) - (clean[targets] - clean.mean())
 
 
-def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[int]], batch_size: int = 8) -> dict:
+def replacement_effects(lm, graph: AttributionGraph, transcoders: dict[int, SAE], nodes: list[int],
+                        scale: float = 0.0) -> torch.Tensor:
+    """(n_logits,) as `real_effects`, in the replacement model instead of the real one: every MLP's output is its
+    transcoder's (features re-encoded from the live MLP input, so they switch on and off) plus the graph's error
+    at that layer and position, held fixed; attention and norms live (not frozen). Between the graph's linear
+    prediction and the real model's change, it says which part of a disagreement the transcoders make (the real
+    MLPs respond otherwise) and which the frozen linear graph makes."""
+    from interp.hooks.lm_replace import MLPOutputEdit
+
+    ids = torch.tensor([graph.tokens], device=next(lm.model.parameters()).device)
+    errors: dict[int, torch.Tensor] = {}
+
+    def record(layer):
+        def edit(x, y):
+            errors[layer] = y[0].double() - _transcoder_output(transcoders[layer], x[0], graph.info.get("zero_bos",
+                                                                                                      True))
+            return y
+        return edit
+
+    with torch.no_grad(), MLPOutputEdit(lm, {layer: record(layer) for layer in range(lm.n_layers)}):
+        clean = lm.model(input_ids=ids).logits[0, -1].double()
+    changes: dict[int, list[tuple[int, int, float]]] = {}
+    for node in nodes:
+        if not 0 <= node < graph.n_features:
+            raise GraphError(f"node {node} is not a feature node (features are 0..{graph.n_features - 1})")
+        layer, pos, feat = graph.features[node].tolist()
+        changes.setdefault(layer, []).append((pos, feat, scale))
+
+    def replaced(layer):
+        def edit(x, y):
+            tc = transcoders[layer]
+            acts = _transcoder_acts(tc, x[0], graph.info.get("zero_bos", True))
+            for pos, feat, factor in changes.get(layer, []):
+                acts[pos, feat] = acts[pos, feat] * factor
+            out = acts @ tc.W_dec.double() + tc.b_dec.double()
+            skip = tc.skip_output(x[0].double())
+            out = out if skip is None else out + skip.double()
+            return (out + errors[layer]).to(y.dtype)[None]
+        return edit
+
+    with torch.no_grad(), MLPOutputEdit(lm, {layer: replaced(layer) for layer in range(lm.n_layers)}):
+        edited = lm.model(input_ids=ids).logits[0, -1].double()
+    targets = graph.logit_tokens
+    return (edited[targets] - edited.mean()) - (clean[targets] - clean.mean())
+
+
+def _transcoder_acts(tc: SAE, x: torch.Tensor, zero_bos: bool) -> torch.Tensor:
+    acts = tc.encode(x).double()
+    if zero_bos:
+        acts[0] = 0
+    return acts
+
+
+def _transcoder_output(tc: SAE, x: torch.Tensor, zero_bos: bool) -> torch.Tensor:
+    out = _transcoder_acts(tc, x, zero_bos) @ tc.W_dec.double() + tc.b_dec.double()
+    skip = tc.skip_output(x.double())
+    return out if skip is None else out + skip.double()
+
+
+def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[int]], batch_size: int = 8,
+                         layers: list[int] | None = None) -> dict:
     """The replacement model's next-token fidelity with every MLP replaced by its transcoder at positions 1..
     (the start token keeps its MLP, as in training): CE of the clean model, the replaced one and one with every
     MLP's output zeroed there; CE recovered = (CE_zero - CE_replaced) / (CE_zero - CE_clean); KL(clean || replaced).
@@ -667,7 +732,8 @@ def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[i
 
     if not sequences:
         raise GraphError("no sequence of at least 3 tokens to score")
-    missing = [layer for layer in range(lm.n_layers) if layer not in transcoders]
+    layers = list(range(lm.n_layers)) if layers is None else list(layers)
+    missing = [layer for layer in layers if layer not in transcoders]
     if missing:
         raise GraphError(f"no transcoder for layer(s) {', '.join(map(str, missing))}")
 
@@ -694,9 +760,9 @@ def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[i
 
         with torch.no_grad():
             clean = logprobs()
-            with MLPOutputEdit(lm, {layer: replaced(transcoders[layer]) for layer in range(lm.n_layers)}):
+            with MLPOutputEdit(lm, {layer: replaced(transcoders[layer]) for layer in layers}):
                 repl = logprobs()
-            with MLPOutputEdit(lm, {layer: zeroed for layer in range(lm.n_layers)}):
+            with MLPOutputEdit(lm, {layer: zeroed for layer in layers}):
                 zero = logprobs()
         for name, logp in (("clean", clean), ("replaced", repl), ("zero", zero)):
             sums[f"ce_{name}"] += float(-logp.gather(-1, targets[..., None])[..., 0][scored].double().sum())
@@ -709,7 +775,8 @@ def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[i
             "ce_loss_replaced": means["ce_replaced"], "ce_loss_mlps_zeroed": means["ce_zero"],
             "ce_recovered": (means["ce_zero"] - means["ce_replaced"]) / gap if abs(gap) > 1e-12 else None,
             "kl_clean_replaced": means["kl_replaced"], "kl_clean_mlps_zeroed": means["kl_zero"],
-            "replaced": "every layer's MLP output at positions 1.. (the start token keeps its MLP)"}
+            "replaced": ("every layer's" if len(layers) == lm.n_layers else f"layer(s) {layers}'s")
+            + " MLP output at positions 1.. (the start token keeps its MLP)"}
 
 
 def top_feature_nodes(graph: AttributionGraph, n: int, pruned: Pruned | None = None) -> list[int]:
@@ -739,7 +806,8 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 __all__ = ["AttributionGraph", "GraphError", "Pruned", "attribute", "graph_json", "graph_scores",
-           "load_transcoders", "normalize_matrix", "predicted_effects", "prune", "real_effects", "replacement_fidelity", "spearman",
+           "load_transcoders", "normalize_matrix", "predicted_effects", "prune", "real_effects", "replacement_effects",
+           "replacement_fidelity", "spearman",
            "tokenize_prompt", "top_feature_nodes", "total_influence", "write_graph_files"]
 
 
@@ -819,6 +887,9 @@ def add_fidelity_arguments(parser) -> None:
     parser.add_argument("--tokens", type=at_least(1), default=20000, help="scored tokens (at most)")
     parser.add_argument("--context", type=at_least(3), default=128)
     parser.add_argument("--out", required=True, help="fidelity JSON")
+    parser.add_argument("--per-layer-tokens", type=int, default=0, metavar="N",
+                        help="also each layer replaced alone (the others real), on the first N scored tokens "
+                             "(0: not measured; at most --tokens)")
     parser.add_argument("--threads", type=at_least(1), default=1)
     add_dtype_argument(parser)
 
@@ -831,6 +902,8 @@ def fidelity_command(args) -> int:
     from .lm_eval import scored_sequences
     from .strict_json import dumps, write_json
 
+    if not 0 <= args.per_layer_tokens <= args.tokens:
+        raise GraphError(f"--per-layer-tokens must be in 0..--tokens ({args.tokens}), got {args.per_layer_tokens}")
     torch.set_num_threads(args.threads)
     documents = read_documents(args.text)
     lm = load_lm(args.model, dtype=lm_dtype(args.dtype))
@@ -840,6 +913,16 @@ def fidelity_command(args) -> int:
               **replacement_fidelity(lm, transcoders, sequences)}
     result["per_layer"] = {str(layer): {k: tc.cfg.metadata.get(k) for k in ("trained_tokens",)}
                            for layer, tc in transcoders.items()}
+    if args.per_layer_tokens:
+        few = scored_sequences(token_sequences(lm.tokenizer, documents, min(args.context, lm.n_ctx)),
+                               args.per_layer_tokens)
+        for layer in sorted(transcoders):
+            alone = replacement_fidelity(lm, transcoders, few, layers=[layer])
+            result["per_layer"][str(layer)].update(
+                {k: alone[k] for k in ("scored_tokens", "ce_loss_clean", "ce_loss_replaced", "ce_loss_mlps_zeroed",
+                                       "ce_recovered", "kl_clean_replaced", "kl_clean_mlps_zeroed")})
+            print(f"layer {layer} alone: CE recovered {alone['ce_recovered']:.3f}, KL {alone['kl_clean_replaced']:.4f}",
+                  flush=True)
     write_json(args.out, result, indent=2)
     print(dumps({k: v for k, v in result.items() if k != "per_layer"}, indent=1))
     return 0

@@ -56,5 +56,5 @@ for L in $(seq 0 29); do
   cp "$RUN/tc/blocks.$L.mlp.hook_in/train_summary.json" "$OUT/blocks.$L.mlp.hook_in/"
 done
 OMP_NUM_THREADS=$THREADS python -m saes transcoder-eval --model "$MODEL" --transcoders "$OUT" \
-    --text "$RUN/heldout.jsonl" --tokens 20000 --context "$CONTEXT" --per-layer --threads "$THREADS" \
+    --text "$RUN/heldout.jsonl" --tokens 20000 --context "$CONTEXT" --per-layer-tokens 2000 --threads "$THREADS" \
     --out "$OUT/fidelity.json" --overwrite
