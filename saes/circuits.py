@@ -188,14 +188,16 @@ def _unembedding(lm) -> tuple[torch.Tensor, float]:
 
 def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=None, *, max_n_logits: int = 10,
               desired_logit_prob: float = 0.95, batch_size: int = 32, zero_bos: bool = True, chat: bool = False,
-              max_feature_nodes: int | None = None, model_name: str = "", scan: str = "") -> AttributionGraph:
+              max_feature_nodes: int | None = None, model_name: str = "", scan: str = "",
+              progress=None) -> AttributionGraph:
     """The attribution graph of ``prompt`` (text, or token ids) for its next token.
 
     ``targets``: logit targets (token strings or ids); None: circuit-tracer's choice, the most probable tokens
     until their probabilities add up to ``desired_logit_prob`` (at most ``max_n_logits``). ``zero_bos``: no
     features at position 0 (the start token, which transcoders never see in training; its MLP output is an
     error node), as circuit-tracer does. ``max_feature_nodes``: at most this many feature nodes, visited in order of
-    their running influence on the logits (circuit-tracer's option; the others are left out of the graph)."""
+    their running influence on the logits (circuit-tracer's option; the others are left out of the graph).
+    ``progress(rows done, rows in all)``: called before each backward pass; it may raise (a Cancel) to stop."""
     if not 1 <= max_n_logits <= MAX_LOGITS:
         raise GraphError(f"max_n_logits must be in 1..{MAX_LOGITS}, got {max_n_logits}")
     if not 0 < desired_logit_prob <= 1:
@@ -311,8 +313,14 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     adjacency = torch.zeros(n_nodes, n_nodes, dtype=cdt)
     logit_start = n_nodes - n_logits
 
+    total_rows = n_logits + min(n_features, limit)
+    rows_done = [0]
+
     def rows_for(targets_scalar: torch.Tensor, upto_layer: int, n_rows: int) -> torch.Tensor:
         """(n_rows, n_sources) direct effects of every source before ``upto_layer`` (n_layers: all)."""
+        if progress is not None:
+            progress(rows_done[0], total_rows)
+        rows_done[0] += n_rows
         inputs = [embeddings] + anchors[:upto_layer]
         grads = torch.autograd.grad(targets_scalar, inputs, retain_graph=True, allow_unused=True)
         out = torch.zeros(n_rows, logit_start, dtype=cdt)
