@@ -248,7 +248,7 @@ class CircuitsTab:
             label[i], kind[i] = text, k
         for (pos, y), members in per_cell.items():  # spread a cell's nodes across its column
             for r, i in enumerate(members):
-                place[i] = (pos + (r - (len(members) - 1) / 2) * min(0.8 / max(len(members), 1), 0.15), y)
+                place[i] = (pos + (r - (len(members) - 1) / 2) * min(0.8 / max(len(members), 1), 0.3), y)
         fig = go.Figure()
         targets, sources = pruned.edge_mask.nonzero(as_tuple=True)
         weights = graph.adjacency[targets, sources]
