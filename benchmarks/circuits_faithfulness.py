@@ -85,6 +85,36 @@ def _compare(name_a: str, a: list[float], name_b: str, b: list[float], by_prompt
     return out
 
 
+def first_order(lm, graph, transcoders, node: int, freeze_attention: bool, freeze_norms: bool) -> float:
+    """The real model's first-order change of the top target's demeaned logit when feature ``node`` is ablated:
+    -d logit / d t at t = 0, with t * (activation x decoder row) added to its MLP's output at its position; the
+    real MLPs downstream; attention patterns and norm scales frozen as asked (both frozen: the graph's model,
+    with the real MLPs in place of the transcoders; neither: the model's own gradient)."""
+    from interp.hooks.lm_replace import ReplacementPass
+    from saes.circuits import _unembedding
+
+    layer, pos, feat = graph.features[node].tolist()
+    t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    write = float(graph.activations[node]) * transcoders[layer].W_dec[feat].double()
+
+    def replace(at, x, y):
+        if at != layer:
+            return y
+        bump = torch.zeros_like(y, dtype=torch.float64)
+        bump[:, pos] = write
+        return y + (t * bump).to(y.dtype)
+
+    unembed, scale = _unembedding(lm)
+    target = graph.logit_tokens[0]
+    ids = torch.tensor([graph.tokens])
+    with ReplacementPass(lm, replace, freeze_attention=freeze_attention, freeze_norms=freeze_norms) as session:
+        lm.model(input_ids=ids)
+        final = session.final[0, -1]
+        logit = (final.double() * ((unembed[target] - unembed.mean(0)).double() * scale)).sum()
+        (grad,) = torch.autograd.grad(logit, [t])
+    return -float(grad)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -93,6 +123,12 @@ def main(argv=None) -> int:
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--max-feature-nodes", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--scale", type=float, default=0.0,
+                        help="each feature set to this times its activation (0: ablated, the issue's figure; 0.9: a "
+                             "small step, where a first-order graph should agree best)")
+    parser.add_argument("--first-order", action="store_true",
+                        help="also the real model's first-order change with attention and norms frozen or live "
+                             "(which freezing makes the graph disagree)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -116,15 +152,20 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     rows, slices = [], []
     pred, repl, real = [], [], []
+    orders: dict[str, list[float]] = {}
     for prompt in prompts:
         t0 = time.perf_counter()
         graph = attribute(lm, transcoders, prompt, chat=chat, model_name=args.model, batch_size=args.batch_size,
                           max_feature_nodes=args.max_feature_nodes)
         nodes = top_feature_nodes(graph, args.top)
-        p = [float(predicted_effects(graph, [n])[0]) for n in nodes]
-        q = [float(replacement_effects(lm, graph, transcoders, [n])[0]) for n in nodes]
-        r = [float(real_effects(lm, graph, transcoders, [n])[0]) for n in nodes]
+        p = [float(predicted_effects(graph, [n], scale=args.scale)[0]) for n in nodes]
+        q = [float(replacement_effects(lm, graph, transcoders, [n], scale=args.scale)[0]) for n in nodes]
+        r = [float(real_effects(lm, graph, transcoders, [n], scale=args.scale)[0]) for n in nodes]
         direct = [-float(graph.adjacency[graph.logit_start, n]) for n in nodes]
+        if args.first_order:
+            for key, fa, fn in (("both_frozen", True, True), ("attention_frozen", True, False),
+                                ("norms_frozen", False, True), ("none_frozen", False, False)):
+                orders.setdefault(key, []).extend(first_order(lm, graph, transcoders, n, fa, fn) for n in nodes)
         slices.append(slice(len(pred), len(pred) + len(nodes)))
         pred += p
         repl += q
@@ -142,12 +183,17 @@ def main(argv=None) -> int:
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     result = {
         "model": args.model, "transcoders": args.transcoders, "prompts": len(prompts), "top": args.top,
-        "ablations": len(pred), "max_feature_nodes": args.max_feature_nodes,
+        "ablations": len(pred), "max_feature_nodes": args.max_feature_nodes, "scale": args.scale,
         "top_nodes": "the feature nodes of largest node influence (saes.circuits.top_feature_nodes)",
-        "measure": "change of the top target's demeaned logit when one feature is ablated",
+        "measure": "change of the top target's demeaned logit when one feature is set to scale x its activation "
+                   "(0: ablated)",
         "headline": _compare("predicted", pred, "real", real, slices),
         "predicted_vs_replacement": _compare("predicted", pred, "replacement", repl, slices),
         "replacement_vs_real": _compare("replacement", repl, "real", real, slices),
+        "first_order_vs_real": {key: _compare(f"first order, {key.replace('_', ' ')}", values, "real", real, slices)
+                                for key, values in orders.items()},
+        "first_order_vs_predicted": {key: _compare(f"first order, {key.replace('_', ' ')}", values, "predicted",
+                                                   pred, slices) for key, values in orders.items()},
         "seconds": time.perf_counter() - started,
         "cpu": next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line),
                     platform.processor()),

@@ -105,7 +105,7 @@ class ReplacementPass(ScopedHooks):
     ``y`` is that row repeated, detached (the replacement's output must not depend on the MLP's own graph)."""
 
     def __init__(self, lm, replace: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],
-                 layers=None, same_rows: bool = False):
+                 layers=None, same_rows: bool = False, freeze_attention: bool = True, freeze_norms: bool = True):
         self.lm = lm = language_model(lm)
         if lm.backend != "hf":
             raise LMHookError("attribution graphs run on the Hugging Face backend (load the model with backend 'hf')")
@@ -113,6 +113,9 @@ class ReplacementPass(ScopedHooks):
         self.replace = replace
         self.layer_list = list(range(lm.n_layers)) if layers is None else list(layers)
         self.same_rows = same_rows
+        # both True for a graph; either False: that part's derivative is the model's own (to measure what freezing
+        # it changes; a graph is only exact with both frozen)
+        self.freeze_attention, self.freeze_norms = freeze_attention, freeze_norms
         self.embeddings: torch.Tensor | None = None
         self.mlp_inputs: dict[int, torch.Tensor] = {}
         self.final: torch.Tensor | None = None
@@ -130,6 +133,10 @@ class ReplacementPass(ScopedHooks):
             if _is_norm(module):
                 def on_norm(mod, args, output, is_final=module is final_norm):
                     if not self._active():
+                        return None
+                    if not self.freeze_norms:
+                        if is_final:
+                            self.final = output
                         return None
                     frozen = frozen_norm(mod, args[0], output)
                     if is_final:
@@ -173,6 +180,8 @@ class ReplacementPass(ScopedHooks):
                 return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
 
             self._handles.append(mlp.register_forward_hook(on_mlp, with_kwargs=True))
+        if not self.freeze_attention:
+            return
         _register_attention()
         config = model.config
         self._config_state = (config._attn_implementation, config.__dict__.get(_ORIGINAL))
