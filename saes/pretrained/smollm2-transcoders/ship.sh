@@ -3,12 +3,14 @@
 # repository root after `python -m interp fetch smollm2-135m-instruct`.
 # Corpus: the SmolLM2 SAE's (saes/pretrained/smollm2/ship.sh): the SmolLM2 study's Dolly train records and AdvBench
 # goals with templated refusals, each rendered as a chat by the model's own template, whole documents (cut to ~1,016
-# tokens), in a fixed shuffled order; the first 160,000 tokens are read. Held out: the study's 200 held-out Dolly
+# tokens), in a fixed shuffled order; the first 68,210 tokens are read, 16 chunks (CPU time on a 2-core machine shared by 7 jobs: the run began with
+# --tokens 160000, was resumed after its 8th chunk with 80000 and after its 12th with 68210, the token count of 16
+# chunks; the chunks are the same whole-document ranges either way, so the result is the same as one run with 68210). Held out: the study's 200 held-out Dolly
 # records (the fidelity below).
 # All 30 layers train side by side (`saes train-transcoders`): each chunk of ~4,096 tokens of whole documents runs
 # through the model once, every layer's MLP input (blocks.L.mlp.hook_in) and output (blocks.L.mlp.hook_out) are
 # recorded (the start token left out), and each layer's BatchTopK transcoder takes two shuffled passes over the
-# chunk (so 320,000 training tokens a layer, 160,000 distinct). One thread. Checkpoints per layer every 4 chunks;
+# chunk (so 136,420 training tokens a layer, 68,210 distinct). One thread. Checkpoints per layer every 4 chunks;
 # the same command resumes. Shipped in float16 (30 x 2.4 MB); the fidelity is measured on the float16 files.
 set -euo pipefail
 RUN=${RUN:-runs/lm_ship/smollm2-transcoders}
@@ -46,7 +48,7 @@ PY
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
 OMP_NUM_THREADS=$THREADS python -m saes train-transcoders --model "$MODEL" --text "$RUN/corpus.jsonl" \
     --out "$RUN/tc" --architecture batchtopk-transcoder --d-sae 1024 --k 32 --batch-size 1024 --lr 2e-3 \
-    --tokens 160000 --epochs 2 --chunk-tokens 4096 --dead-after-tokens 100000 --context "$CONTEXT" \
+    --tokens 68210 --epochs 2 --chunk-tokens 4096 --dead-after-tokens 100000 --context "$CONTEXT" \
     --checkpoint-every-chunks 4 --threads "$THREADS"
 fi
 for L in $(seq 0 29); do
@@ -56,5 +58,5 @@ for L in $(seq 0 29); do
   cp "$RUN/tc/blocks.$L.mlp.hook_in/train_summary.json" "$OUT/blocks.$L.mlp.hook_in/"
 done
 OMP_NUM_THREADS=$THREADS python -m saes transcoder-eval --model "$MODEL" --transcoders "$OUT" \
-    --text "$RUN/heldout.jsonl" --tokens 20000 --context "$CONTEXT" --per-layer-tokens 2000 --threads "$THREADS" \
+    --text "$RUN/heldout.jsonl" --tokens 10000 --context "$CONTEXT" --per-layer-tokens 1000 --threads "$THREADS" \
     --out "$OUT/fidelity.json" --overwrite
