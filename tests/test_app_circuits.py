@@ -32,10 +32,13 @@ def quiet(*args, **kwargs):
     return None
 
 
-def test_the_shipped_toy_chat_set_is_offered_with_its_model():
+def test_the_shipped_toy_chat_set_is_offered_with_its_model_and_not_as_a_residual_sae():
+    from ui.lm_steer import find_lm_saes, lm_sae_roots
+
     sets = find_transcoder_sets()
     toy = next(s for s in sets if s.endswith("toy-chat-transcoders"))
     assert set_model(toy) == "toy-chat"
+    assert not [d for d in find_lm_saes(lm_sae_roots()) if "transcoders" in d]  # LM steering's SAEs: residual only
 
 
 def test_a_graph_is_built_drawn_carded_and_intervened_on(tab):
