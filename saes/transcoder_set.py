@@ -277,3 +277,24 @@ def command(args) -> int:
                                    log=lambda line: print(line, flush=True))
     print(f"wrote {len(written)} transcoders under {args.out}")
     return 0
+
+
+@torch.no_grad()
+def calibrate_thresholds(lm, transcoders: dict, sequences: list[list[int]], k: int) -> dict[int, float]:
+    """Set each JumpReLU transcoder's threshold so that ``k`` features fire per token on average over
+    ``sequences`` (the smallest of the N x k largest pre-activations of N tokens: what BatchTopK keeps on them).
+    A short run's tracked threshold (a running mean of each batch's smallest kept activation, started from the
+    untrained encoder's) stays far below that, so many more features fire at inference than in training.
+    Returns {layer: threshold}."""
+    layers = sorted(transcoders)
+    rows = _mlp_rows(lm, sequences, layers)
+    found = {}
+    for layer in layers:
+        tc = transcoders[layer]
+        d_in = tc.cfg.d_in
+        pre = (rows[layer][:, :d_in].to(tc.W_enc.dtype) @ tc.W_enc + tc.b_enc).float().relu().flatten()
+        keep = min(k * rows[layer].shape[0], pre.numel())
+        threshold = float(pre.topk(keep, sorted=False).values.min())
+        tc.threshold.fill_(threshold)
+        found[layer] = threshold
+    return found
