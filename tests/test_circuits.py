@@ -323,7 +323,16 @@ def test_transcoder_set_trains_every_layer_and_resumes_to_the_same_weights(tmp_p
         assert a.cfg.metadata["hook_name"] == f"blocks.{layer}.mlp.hook_in"
         for name in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
-    assert sorted(load_transcoders(tmp_path / "a", lm, model_name="tiny")) == [0, 1]
+    loaded = load_transcoders(tmp_path / "a", lm, model_name="tiny")
+    assert sorted(loaded) == [0, 1]
+    # thresholds calibrated so that k = 4 features fire per token on average on these tokens
+    from saes.transcoder_set import _mlp_rows, calibrate_thresholds
+
+    calibrate_thresholds(lm, loaded, sequences, k=4)
+    rows = _mlp_rows(lm, sequences, [0, 1])
+    for layer in (0, 1):
+        l0 = (loaded[layer].encode(rows[layer][:, :16]) > 0).sum(-1).float().mean()
+        assert 4 - 1 / len(rows[layer]) - 1e-6 <= float(l0) <= 4 + 1e-6
     with pytest.raises(ValueError, match="other settings"):
         train_transcoder_set(lm, sequences, tmp_path / "a", TranscoderSetConfig(total_tokens=104, **{**config, "k": 5}),
                              model_name="tiny", log=lambda line: None)
