@@ -12,9 +12,7 @@ module per tab in ui/ over ui/common.py (errors, fields, sessions, Cancel, strea
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 from pathlib import Path
 
 import zoo  # noqa: F401 - registers the embedded models and worlds with the core (interp.embedded); light
@@ -27,8 +25,6 @@ _FROM = {"Workbench": "ui.workbench", "build_ui": "ui.workbench", "CSS": "ui.wor
          "session_key": "ui.common", "user_errors": "ui.common", "whole_number": "ui.common",
          "parse_steps": "ui.paint"}
 __all__ = ["check_arguments", "main", *_FROM]
-# a language-model residual hook, as an LM SAE's cfg.json names it (interp.hooks.lm_steer.RESIDUAL_HOOK's form)
-LM_HOOK = re.compile(r"^blocks\.\d+\.hook_resid_(pre|mid|post)$")
 
 
 def __getattr__(name: str):
@@ -39,26 +35,16 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'app' has no attribute {name!r}")
 
 
-def _sae_hooks(root: Path) -> list[tuple[Path, str | None]]:
-    """(SAE directory, the hook its cfg.json names) of each SAE at or one level under ``root``."""
-    found = []
-    for cfg in [root / "cfg.json", *sorted(root.glob("*/cfg.json"))]:
-        if cfg.is_file():
-            try:
-                raw = json.loads(cfg.read_text())
-            except (OSError, ValueError):
-                raw = {}
-            raw = raw if isinstance(raw, dict) else {}
-            metadata = raw.get("metadata") if isinstance(raw.get("metadata"), dict) else {}
-            found.append((cfg.parent, metadata.get("hook_name") or raw.get("hook_name")))
-    return found
+def _saes(root: Path) -> list[Path]:
+    """Each SAE directory (a cfg.json) at or one level under ``root``."""
+    return [cfg.parent for cfg in [root / "cfg.json", *sorted(root.glob("*/cfg.json"))] if cfg.is_file()]
 
 
 def check_arguments(args) -> None:
     """What can be checked by looking at files alone, before gradio, torch or a model is loaded: a ValueError
     with one line for the user (an LM where the image model goes, language-model SAEs for the image model, a
     missing directory, a bad dtype or port)."""
-    from interp.models.spec import model_spec
+    from interp.models.spec import LM, model_spec, saved_hook_name, saved_kind
 
     for value, what in ((args.dtype, "--dtype / WORKBENCH_DTYPE"), (args.lm_dtype, "--lm-dtype / WORKBENCH_LM_DTYPE")):
         if value is not None and value not in DTYPES:  # by name: interp.cli.parse_dtype imports torch
@@ -82,13 +68,13 @@ def check_arguments(args) -> None:
         root = Path(args.saes).expanduser()
         if not root.is_dir():
             raise ValueError(f"--saes {args.saes}: no such directory")
-        saes = _sae_hooks(root)
+        saes = _saes(root)
         if not saes:
             raise ValueError(f"--saes {args.saes}: no SAE here (a directory with one SAE directory per block, each "
                              "with cfg.json and sae_weights.safetensors)")
-        on_lm = [(directory, hook) for directory, hook in saes if hook and LM_HOOK.match(hook)]
+        on_lm = [directory for directory in saes if saved_kind(directory) == LM]  # the hook each reads says
         if on_lm:
-            directory, hook = on_lm[0]
+            directory, hook = on_lm[0], saved_hook_name(on_lm[0])
             raise ValueError(f"--saes {args.saes}: these are a language model's SAEs ({directory.name} reads {hook}); "
                              "--saes takes SAEs on the text-to-image model's blocks. The LM steering and Features "
                              "tabs find LM SAEs under saes/pretrained/ and $WORKBENCH_LM_SAES")
@@ -104,9 +90,7 @@ def check_arguments(args) -> None:
         raise ValueError(f"--model {args.model}: the directory has no model_index.json, so it is not a pipeline "
                          "saved with save_pretrained (nor a language model: no config.json)")
     if not spec.is_lm and spec.source == "hub":  # a name: one of the known pipelines or a hub id (owner/name)
-        from interp.models.t2i import resolve  # imports torch and diffusers, which serving needs anyway
-
-        resolve(args.model)
+        spec.locate()  # the one resolution: an unknown name is one line
 
 
 def check_saes_fit(bench) -> None:

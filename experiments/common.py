@@ -36,9 +36,11 @@ GEOMETRY_SEED = 13
 # The code a measured cell depends on: a cell is current when the hash of these files is the one it records.
 MEASURE_CODE = ("experiments/common.py", "flowlens/finetune.py", "flowlens/vcl.py", "flowlens/refusals.py",
                 "flowlens/geometry.py", "interp/models/generation.py", "interp/models/lm.py",
-                "interp/models/language_model.py", "interp/hooks/lm.py",
+                "interp/models/language_model.py", "interp/models/spec.py", "interp/models/protocol.py",
+                "interp/names.py", "interp/hooks/lm.py",
                 "interp/hooks/scoped.py", "interp/lm_text.py", "zoo/chat/world.py")  # lm_text: the refusal
-# detector and the prompt stripping; scoped: the hook session every capture is
+# detector and the prompt stripping; scoped: the hook session every capture is; spec: where a name loads from
+# (`ModelSpec.locate`); protocol: the view of a bare model the hooks take (`lm_form`); names: the LM hook names
 
 
 def code_fingerprint(*extra: str) -> str:

@@ -7,6 +7,7 @@ its c10d rendezvous) says who is who.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 
@@ -21,14 +22,39 @@ def backend_for(device: str | None) -> str:
 
 
 def init_process_group(device: str | None = None, minutes: int = 30) -> None:
-    """Join the torchrun job: the backend for `device`; with CUDA, this process's GPU is LOCAL_RANK's."""
+    """Join the torchrun job: the backend for `device`; with CUDA, this process's GPU is LOCAL_RANK's, and the
+    group is "cpu:gloo,cuda:nccl": NCCL for the CUDA tensors (gradients), gloo for the small CPU tensors the
+    loops also reduce (stop flags, logged numbers), which NCCL alone refuses."""
     import torch
     import torch.distributed as dist
 
     backend = backend_for(device)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=minutes))
+
+
+def torchrun_rank() -> tuple[int, int]:
+    """(rank, world size) of this process, as torchrun's environment says; (0, 1) outside torchrun."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@contextlib.contextmanager
+def joined_ranks(world_size: int):
+    """The barrier of a torchrun job whose ranks only wait for each other (the store writers): the process group
+    joined with gloo (`init_process_group()`, whatever the model's device) and left on exit; None outside torchrun
+    (world_size 1), where nothing is joined."""
+    if world_size == 1:
+        yield None
+        return
+    import torch.distributed as dist
+
+    init_process_group()
+    try:
+        yield dist.barrier
+    finally:
+        dist.destroy_process_group()
 
 
 # What gloo / NCCL say when another rank of the job has died (its process exited, its node went away).

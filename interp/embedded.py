@@ -15,6 +15,7 @@ from pathlib import Path
 
 _WEIGHTS: list[Path] = []  # the registered weights directory (at most one)
 EMBEDDED_PREFIX = "toy-chat"  # the embedded chat models' names: toy-chat (chat-base), toy-chat-<suffix> (chat-<suffix>)
+EMBEDDED_LM_WORLD = "chat"  # the world they were trained in (zoo.chat.world): its held-out conversations and labels
 
 
 class NotRegistered(ValueError):
@@ -42,4 +43,4 @@ def weights_dir() -> Path:
     return _WEIGHTS[0]
 
 
-__all__ = ["NotRegistered", "register_weights_dir", "registered_weights_dir", "weights_dir"]
+__all__ = ["EMBEDDED_LM_WORLD", "EMBEDDED_PREFIX", "NotRegistered", "register_weights_dir", "registered_weights_dir", "weights_dir"]

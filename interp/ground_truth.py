@@ -130,7 +130,7 @@ def ground_truth_for(model) -> GroundTruth | None:
     """The world a text-to-image model was made in: a `T2IModel` (its ``world``), or a model name or directory
     (the toy and pipelines its recipe saved are the shapes world's); None for any other model."""
     if isinstance(model, (str, os.PathLike)):
-        from .models.t2i import known_model
+        from .models.t2i_registry import known_model
 
         known = known_model(os.fspath(model))
         name = known.world if known is not None else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 # The two kinds of model, in the one vocabulary of objects and files (`interp.models.spec` decides which a model is).
 LM, T2I = "lm", "t2i"
 KINDS = (LM, T2I)
@@ -11,6 +13,16 @@ def kind_word(word) -> str:
     """A kind as a saved file says it, in the one vocabulary: ``"lm"``, else ``"t2i"`` (absent, ``"t2i"``, or
     ``"diffusion"``, the word activation stores were read with before the vocabulary was one)."""
     return LM if word == LM else T2I
+
+# A language model's hook names (TransformerLens'): a residual site, or the MLP side's input / output a transcoder
+# reads; anything else a saved SAE names is a denoiser's site (`interp.models.spec.saved_kind`).
+LM_HOOK = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|mlp\.hook_in|mlp\.hook_out)$")
+
+
+def is_lm_hook(name) -> bool:
+    """Whether ``name`` is one of a language model's hook names (a residual site or the MLP side's input/output)."""
+    return isinstance(name, str) and LM_HOOK.match(name) is not None
+
 
 UNET_PREFIX = "unet."
 
@@ -42,4 +54,4 @@ def is_text_site(name: str) -> bool:
     return split_site(name)[1] == "text"
 
 
-__all__ = ["TEXT_SUFFIX", "UNET_PREFIX", "block_name", "is_text_site", "split_site", "text_site"]
+__all__ = ["KINDS", "LM", "LM_HOOK", "T2I", "TEXT_SUFFIX", "is_lm_hook", "kind_word", "UNET_PREFIX", "block_name", "is_text_site", "split_site", "text_site"]

@@ -23,8 +23,9 @@ Where each field comes from (the project's cards are the source: an export equal
   maximum, ``bin_contains`` -1); the number of records is the cards' (`saes features --top N`);
 - ``pos_*`` / ``neg_*``: the cards' promoted / suppressed tokens; ``logits_hist_data_*``: SAEDashboard's histogram
   (50 equal bins between the minimum and maximum, centres as values) of the decoder direction's logit effect on
-  every token of the vocabulary, through the model's own final norm and head (`interp.hooks.lm_steer.logit_effects`,
-  the cards' computation), so the model is loaded;
+  every token of the vocabulary, through the model's own final norm and head (`interp.hooks.lm_steer.logit_effects`):
+  the cards' ``logit_histogram``, made in the same pass as their promoted / suppressed tokens; for cards made before
+  they kept it, computed here again (the model is then loaded);
 - ``frac_nonzero``: the cards' frequency; ``freq_hist_data_*``: the cards' activation histogram (its bins'
   centres and counts);
 - ``neuron_alignment_*``: SAEDashboard's table from the decoder row (its 3 largest entries, their share of the
@@ -61,6 +62,9 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write
+from interp.cli import add_out_argument
+from interp.models.spec import model_spec
+from interp.names import LM, T2I
 from interp.shipped import refuse_shipped
 
 from .pool import FEATURES_FILENAME, load_analysis_images, load_pool_seeds
@@ -128,10 +132,14 @@ def read_cards(sae_dir: Path) -> dict:
     return cards
 
 
-def is_lm_cards(cards: dict) -> bool:
-    from .lm_features import KIND
+KIND_WORDS = {LM: "lm", T2I: "image"}  # how a source set's description names its SAEs' kind
 
-    return cards.get("kind") == KIND
+
+def is_lm_cards(cards: dict) -> bool:
+    """Whether feature cards are a language model's, as they say in the one vocabulary (`interp.names.kind_word`)."""
+    from interp.names import LM, kind_word
+
+    return kind_word(cards.get("kind")) == LM
 
 
 def hook_layer(hook: str | None) -> int | None:
@@ -307,17 +315,22 @@ def export_sae(sae_dir, out, config: ExportConfig | None = None, lm=None, overwr
     sae_set = config.sae_set or f"{'res' if lm_kind else 'img'}-{sae.cfg.d_sae}"
     features = [int(c["id"]) for c in cards["features"]]
     if lm_kind:
-        if lm is None:
-            from interp.models.lm import load_lm
+        if all("logit_histogram" in card for card in cards["features"]):  # made with the cards' logit effects
+            logits_hist = {int(c["id"]): (c["logit_histogram"]["values"], c["logit_histogram"]["heights"])
+                           for c in cards["features"]}
+        else:  # cards made before they kept the histogram: the logit effects again, through the model
+            if lm is None:
+                from interp.models.lm import load_lm
 
-            name = cards.get("model") or sae.cfg.metadata.get("model_name")
-            if not name:
-                raise ExportError(f"the cards in {sae_dir} name no model; remake them with `python -m saes features`")
-            lm = load_lm(str(name))
-        from interp.hooks.lm_steer import check_sae_fits
+                name = cards.get("model") or sae.cfg.metadata.get("model_name")
+                if not name:
+                    raise ExportError(f"the cards in {sae_dir} name no model; remake them with `python -m saes "
+                                      f"features`")
+                lm = load_lm(str(name))
+            from interp.hooks.lm_steer import check_sae_fits
 
-        check_sae_fits(lm, sae, where=f"the SAE in {sae_dir}")
-        logits_hist = _lm_logit_histograms(lm, W_dec, features)
+            check_sae_fits(lm, sae, where=f"the SAE in {sae_dir}")
+            logits_hist = _lm_logit_histograms(lm, W_dec, features)
         exported = [lm_feature(card, cards, W_dec, logits_hist) for card in cards["features"]]
         images = None
     else:
@@ -335,7 +348,7 @@ def export_sae(sae_dir, out, config: ExportConfig | None = None, lm=None, overwr
     written = []
     settings = {"sae_path": str(sae_dir), "sae_set": sae_set, "model_id": model_id, "layer": layer,
                 "hook_name": hook, "np_sae_id_suffix": suffix, "n_features": len(exported),
-                "n_features_per_batch": config.features_per_batch, "kind": "lm" if lm_kind else "image",
+                "n_features_per_batch": config.features_per_batch, "kind": LM if lm_kind else T2I,
                 "n_prompts_total": exported[0]["n_prompts_total"] if exported else 0,
                 "n_tokens_in_prompt": exported[0]["n_tokens_in_prompt"] if exported else 0,
                 "dataset": exported[0]["dataset"] if exported else "", "cards": str(sae_dir / FEATURES_FILENAME),
@@ -375,12 +388,12 @@ def _neuronpedia_tree(out, batches, image_batches, sae, sae_dir, model_id, layer
                           f"from {sae_dir.name}", "descriptionShort": config.release, "urls": [],
                           "creatorNameShort": CREATOR, "creatorName": CREATOR, "creatorId": CREATOR,
                           "visibility": "PUBLIC", "createdAt": created},
-        "model.jsonl": {"id": model_id, "instruct": "instruct" in model_id or "chat" in model_id,
+        "model.jsonl": {"id": model_id, "instruct": model_spec(model_id).chat_template(),  # the model's files say
                         "displayNameShort": model_id, "displayName": model_id, "creatorId": CREATOR,
                         "dimension": sae.cfg.d_in, "visibility": "PUBLIC", "createdAt": created,
                         "updatedAt": created},
         "sourceset.jsonl": {"modelId": model_id, "name": sae_set, "creatorId": CREATOR, "creatorName": CREATOR,
-                            "releaseName": config.release, "description": f"{settings['kind']} SAE, "
+                            "releaseName": config.release, "description": f"{KIND_WORDS[settings['kind']]} SAE, "
                             f"{sae.cfg.d_sae} latents", "visibility": "PUBLIC", "hasDashboards": True,
                             "createdAt": created},
         "source.jsonl": {"id": source, "modelId": model_id, "setName": sae_set, "creatorId": CREATOR,
@@ -444,7 +457,7 @@ NEURONPEDIA_FEATURE_FIELDS = (
 def add_export_arguments(parser) -> None:
     parser.add_argument("--sae", required=True, nargs="+", help="SAE directories with feature cards (features.json)")
     parser.add_argument("--format", required=True, help=f"one of: {', '.join(FORMATS)}")
-    parser.add_argument("--out", required=True, help="output directory (one subdirectory per SAE when several)")
+    add_out_argument(parser, required=True, help="output directory (one subdirectory per SAE when several)")
     parser.add_argument("--features-per-batch", type=int, default=128)
     parser.add_argument("--sae-set", default=None, help="the SAE set / Neuronpedia source set name (res-<d_sae>)")
     parser.add_argument("--release", default="interp-workbench", help="Neuronpedia release name")

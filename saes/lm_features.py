@@ -12,6 +12,8 @@ and a corpus, per feature:
     promoted         the 10 tokens whose logits its decoder direction raises most through the
     suppressed       model's own final norm and output head (linearised: `interp.hooks.lm_steer.logit_effects`),
                      and the 10 it lowers most
+    logit_histogram  its logit effects on every token of the vocabulary in SAEDashboard's histogram (50 equal bins
+                     from the lowest to the highest: bar centres ``values``, counts ``heights``), for the exports
 
 The corpus is read and cut into sequences as for collection and evaluation (`interp.lm_text`: JSONL
 with Dolly's ``instruction``/``context``/``response``, ``text`` or ``prompt`` + ``completion``, or plain
@@ -37,9 +39,9 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write_text
-from interp.cli import dtype_name, lm_dtype
+from interp.cli import LM_DTYPE, dtype_name, parse_dtype
 from interp.hooks.lm_steer import is_residual_hook
-from interp.models.spec import LM
+from interp.models.spec import LM, saved_kind
 from interp.models.spec import saved_hook_name as sae_hook_name  # what an SAE directory reads (named here too)
 from interp.shipped import refuse_shipped
 
@@ -138,6 +140,29 @@ class Activations:
     d_sae: int
 
 
+ENCODE_ROWS = 2048  # token rows encoded at once: (rows, d_sae) pre-activations, 128 MiB at 16,384 latents
+
+
+def _nonzero_latents(sae: SAE, x: torch.Tensor, hook: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row, feature, value) of every non-zero latent of x (rows, d_in), in row-major order (row, then feature). A
+    TopK SAE encodes sparsely (its k largest pre-activations, those above 0: the non-zero entries of `encode`)."""
+    x = x.to(sae.W_enc.dtype)
+    if sae.cfg.architecture == "topk":
+        values, indices = sae.encode_sparse(x)
+        values = values.float()
+        if not torch.isfinite(values).all():
+            raise ValueError(f"the SAE's activations at {hook} hold NaN or Inf")
+        indices, by_feature = indices.sort(dim=1)
+        values = values.gather(1, by_feature)
+        row, slot = (values > 0).nonzero(as_tuple=True)
+        return row, indices[row, slot], values[row, slot]
+    latents = sae.encode(x).float()
+    if not torch.isfinite(latents).all():
+        raise ValueError(f"the SAE's activations at {hook} hold NaN or Inf")
+    row, feat = latents.nonzero(as_tuple=True)
+    return row, feat, latents[row, feat]
+
+
 @torch.no_grad()
 def encode_corpus(lm, sae: SAE, hook: str, sequences: list[list[int]], batch_size: int = 16) -> Activations:
     """Run the sequences through the model, capture ``hook`` and encode it with the SAE."""
@@ -156,16 +181,14 @@ def encode_corpus(lm, sae: SAE, hook: str, sequences: list[list[int]], batch_siz
         mask = torch.tensor([[1] * len(d) + [0] * (width - len(d)) for d in chunk])
         keep = mask.bool()
         keep[:, 0] = False  # the start token: an attention sink, left out as collection leaves it out
-        residual = capture_residuals(lm, ids, mask, [hook])[hook]           # (b, width, d)
-        latents = sae.encode(residual[keep].to(sae.W_enc.dtype)).float()    # (kept, F)
-        if not torch.isfinite(latents).all():
-            raise ValueError(f"the SAE's activations at {hook} hold NaN or Inf")
+        residual = capture_residuals(lm, ids, mask, [hook])[hook][keep]     # (kept, d)
         b_idx, t_idx = keep.nonzero(as_tuple=True)
         flat = torch.from_numpy(starts[which[b_idx.numpy()]]) + t_idx       # flat token index of each kept row
-        nz_row, nz_feat = latents.nonzero(as_tuple=True)
-        rows.append(flat[nz_row].numpy())
-        feats.append(nz_feat.numpy().astype(np.int64))
-        vals.append(latents[nz_row, nz_feat].numpy())
+        for lo in range(0, len(residual), ENCODE_ROWS):                     # (rows, F) latents: bounded memory
+            row, feat, val = _nonzero_latents(sae, residual[lo:lo + ENCODE_ROWS], hook)
+            rows.append(flat[lo:lo + ENCODE_ROWS][row].numpy())
+            feats.append(feat.numpy().astype(np.int64))
+            vals.append(val.numpy())
         counted += int(keep.sum())
     return Activations(sequences, starts, np.concatenate(rows), np.concatenate(feats), np.concatenate(vals),
                        counted, sae.cfg.d_sae)
@@ -195,14 +218,53 @@ def sequence_pieces(tokenizer, ids) -> list[str]:
     return pieces
 
 
+class PieceDecoder:
+    """`sequence_pieces` of many windows with few decodes. A window whose tokens each decode alone to clean text
+    (no U+FFFD: whole UTF-8 characters) and whose one decode is those texts joined has, under a tokenizer that
+    cleans up no spaces, those texts as its pieces: every prefix then decodes to the join of its tokens' texts
+    (a byte-level decoder concatenates the tokens' bytes). Any other window (a character split across tokens, a
+    word-level tokenizer that joins with spaces, one that cleans up spaces) takes `sequence_pieces`' token-by-token
+    decodes. `tests/test_lm_features.py` checks both against `sequence_pieces` on real text."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.alone: dict[int, str] = {}
+        self.fast = not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+
+    def __call__(self, ids: list[int]) -> list[str]:
+        if self.fast:
+            alone = self.alone
+            texts = []
+            for i in ids:
+                text = alone.get(i)
+                if text is None:
+                    text = alone[i] = self.tokenizer.decode([i])
+                texts.append(text)
+            if not any("\ufffd" in t for t in texts) and "".join(texts) == self.tokenizer.decode(ids):
+                return texts
+        return sequence_pieces(self.tokenizer, ids)
+
+
+def _first_per_group(keys: np.ndarray) -> np.ndarray:
+    """Positions where a run of equal keys starts, in a key array sorted so that equal keys are adjacent."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+
+
 @torch.no_grad()
-def logit_tokens(lm, sae: SAE, n: int = 10, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                             np.ndarray]:
+def logit_tokens(lm, sae: SAE, n: int = 10, batch_size: int = 256, histogram_bins: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                                     np.ndarray, list]:
     """(promoted ids, their logit effects, suppressed ids, theirs), each (d_sae, n): the tokens each
-    feature's decoder direction raises / lowers most through the unembedding (`logit_effects`)."""
+    feature's decoder direction raises / lowers most through the unembedding (`logit_effects`). With
+    ``histogram_bins``, also each feature's histogram of its effects on the whole vocabulary (SAEDashboard's:
+    `saes.export.histogram`, (bar centres, bar heights)) from the same pass, which the exports read from the cards."""
     from interp.hooks.lm_steer import logit_effects
 
-    up_ids, up_vals, down_ids, down_vals = [], [], [], []
+    from .export import histogram
+
+    up_ids, up_vals, down_ids, down_vals, histograms = [], [], [], [], []
     for first in range(0, sae.cfg.d_sae, batch_size):
         effects = logit_effects(lm, sae.W_dec[first:first + batch_size])   # (b, vocab)
         k = min(n, effects.shape[1])
@@ -211,11 +273,87 @@ def logit_tokens(lm, sae: SAE, n: int = 10, batch_size: int = 256) -> tuple[np.n
         up_vals.append(up.values.numpy())
         down_ids.append(down.indices.numpy())
         down_vals.append(down.values.numpy())
-    return (np.concatenate(up_ids), np.concatenate(up_vals), np.concatenate(down_ids), np.concatenate(down_vals))
+        if histogram_bins:
+            histograms += [histogram(row, histogram_bins) for row in effects]
+    out = (np.concatenate(up_ids), np.concatenate(up_vals), np.concatenate(down_ids), np.concatenate(down_vals))
+    return out + (histograms,) if histogram_bins else out
 
 
 def _r(value: float, digits: int = 4) -> float:
     return float(round(float(value), digits))
+
+
+def top_contexts(acts: Activations, document_of: np.ndarray, order: np.ndarray, n_top: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Each feature's top contexts at once: (entries, features), the entries (indices into acts) of every feature's
+    largest activation in each sequence, the n_top largest of those per feature (ties: the earlier entry in
+    `order`), grouped by feature and largest first. `order`: the entries by feature, largest activation first."""
+    f_sorted, d_sorted = acts.features[order], document_of[order]
+    key = f_sorted * (len(acts.starts) + 1) + d_sorted
+    grouped = np.argsort(key, kind="stable")                     # (feature, sequence) runs, each in `order`'s order
+    best = np.sort(grouped[_first_per_group(key[grouped])])      # each run's first: its largest; back in `order`
+    features = f_sorted[best]
+    rank = np.arange(len(best)) - np.searchsorted(features, features, side="left")
+    keep = rank < n_top
+    return order[best[keep]], features[keep]
+
+
+def window_values(acts: Activations, features: np.ndarray, starts: np.ndarray, lo: np.ndarray, hi: np.ndarray
+                  ) -> np.ndarray:
+    """Each window's activations of its feature, concatenated: feature f at flat tokens start + lo .. start + hi."""
+    widths = hi - lo
+    total = int(widths.sum())
+    first = np.repeat(np.cumsum(widths) - widths, widths)
+    flat = np.repeat(starts + lo, widths) + (np.arange(total) - first)
+    wanted = flat * acts.d_sae + np.repeat(features, widths)
+    have = acts.rows.astype(np.int64) * acts.d_sae + acts.features
+    by_key = np.argsort(have)
+    at = np.minimum(np.searchsorted(have, wanted, sorter=by_key), max(len(have) - 1, 0))
+    out = np.zeros(total)
+    if len(have):
+        hit = have[by_key[at]] == wanted
+        out[hit] = acts.values[by_key[at[hit]]]
+    return out
+
+
+def all_top_contexts(acts: Activations, tokenizer, config: LMAnalysisConfig) -> list[list[dict]]:
+    """Every feature's top contexts (the cards' ``top_contexts``), found for all features at once over the sparse
+    activations (`top_contexts`, `window_values`), each window's text decoded once (`PieceDecoder`)."""
+    document_of = np.searchsorted(acts.starts, acts.rows, side="right") - 1
+    order = np.lexsort((-acts.values, acts.features))              # by feature, largest activation first
+    entries, entry_features = top_contexts(acts, document_of, order, config.n_top_contexts)
+    docs = document_of[entries]
+    starts = acts.starts[docs].astype(np.int64)
+    positions = acts.rows[entries].astype(np.int64) - starts
+    lengths = np.array([len(s) for s in acts.sequences])[docs]
+    lo = np.maximum(0, positions - config.window_before)
+    hi = np.minimum(lengths, positions + config.window_after + 1)
+    values = window_values(acts, entry_features, starts, lo, hi)
+    offsets = np.concatenate([[0], np.cumsum(hi - lo)]).astype(np.int64).tolist()
+    per_feature = np.concatenate([[0], np.cumsum(np.bincount(entry_features, minlength=acts.d_sae))]).tolist()
+    pieces = PieceDecoder(tokenizer)
+    windows: dict[tuple[int, int, int], list[str]] = {}
+    docs, positions, lo, hi = docs.tolist(), positions.tolist(), lo.tolist(), hi.tolist()
+    if acts.values.dtype.itemsize <= 4:
+        # float32 values times 10^4 are exact in float64 (24 + 10 bits), so numpy's rint(x * 10^4) / 10^4 is the
+        # correctly rounded result that `_r`'s round(x, 4) gives, ties to even included
+        values = np.round(values, 4).tolist()
+    else:
+        values = [round(v, 4) for v in values.tolist()]
+    tops = acts.values[entries].tolist()
+    out = []
+    for f in range(acts.d_sae):
+        contexts = []
+        for n in range(per_feature[f], per_feature[f + 1]):
+            doc, a, b = docs[n], lo[n], hi[n]
+            tokens = windows.get((doc, a, b))
+            if tokens is None:  # the window's own text: a decode or two, not the sequence's
+                tokens = windows[doc, a, b] = pieces(acts.sequences[doc][a:b])
+            contexts.append({"sequence": doc, "position": positions[n], "activation": _r(tops[n]), "start": a,
+                             "tokens": tokens, "activations": values[offsets[n]:offsets[n + 1]],
+                             "highlight": positions[n] - a})
+        out.append(contexts)
+    return out
 
 
 def feature_cards(acts: Activations, tokenizer, logits, config: LMAnalysisConfig) -> list[dict]:
@@ -229,46 +367,25 @@ def feature_cards(acts: Activations, tokenizer, logits, config: LMAnalysisConfig
     scaled = acts.values / np.maximum(maxima[acts.features], 1e-12)
     which = np.minimum((scaled * bins).astype(np.int64), bins - 1)
     histogram = np.bincount(acts.features * bins + which, minlength=n_features * bins).reshape(n_features, bins)
-    document_of = np.searchsorted(acts.starts, acts.rows, side="right") - 1
-    order = np.lexsort((-acts.values, acts.features))              # by feature, largest activation first
-    group_starts = np.concatenate([[0], np.cumsum(counts)])
-    up_ids, up_vals, down_ids, down_vals = logits
+    up_ids, up_vals, down_ids, down_vals = logits[:4]
+    logit_histograms = logits[4] if len(logits) > 4 else None
     vocabulary = sorted({int(i) for i in np.concatenate([up_ids.ravel(), down_ids.ravel()])})
     names = dict(zip(vocabulary, token_strings(tokenizer, vocabulary)))
-    windows: dict[tuple[int, int, int], list[str]] = {}
+    contexts = all_top_contexts(acts, tokenizer, config)
     cards = []
     for f in range(n_features):
-        group = order[group_starts[f]:group_starts[f + 1]]
         card = {"id": f, "frequency": _r(counts[f] / max(acts.counted, 1), 6),
                 "mean_activation": _r(sums[f] / counts[f]) if counts[f] else 0.0,
                 "max_activation": _r(maxima[f]), "n_firing": int(counts[f]),
                 "histogram": {"edges": [_r(e) for e in np.linspace(0.0, maxima[f], bins + 1)],
                               "counts": [int(c) for c in histogram[f]]},
-                "top_contexts": [],
+                "top_contexts": contexts[f],
                 "promoted": [{"token": names[int(i)], "id": int(i), "logit": _r(v)}
                              for i, v in zip(up_ids[f], up_vals[f])],
                 "suppressed": [{"token": names[int(i)], "id": int(i), "logit": _r(v)}
                                for i, v in zip(down_ids[f], down_vals[f])]}
-        if len(group):
-            _, first_of_doc = np.unique(document_of[group], return_index=True)  # each document's largest
-            best = group[np.sort(first_of_doc)][:config.n_top_contexts]
-            best = best[np.argsort(-acts.values[best], kind="stable")]
-            rows_f, values_f = acts.rows[group], acts.values[group]
-            for entry in best:
-                doc = int(document_of[entry])
-                start = int(acts.starts[doc])
-                position = int(acts.rows[entry]) - start
-                lo = max(0, position - config.window_before)
-                hi = min(len(acts.sequences[doc]), position + config.window_after + 1)
-                inside = (rows_f >= start + lo) & (rows_f < start + hi)
-                window = np.zeros(hi - lo)
-                window[rows_f[inside] - start - lo] = values_f[inside]
-                if (doc, lo, hi) not in windows:  # the window's own text: a few decodes, not the sequence's
-                    windows[doc, lo, hi] = sequence_pieces(tokenizer, acts.sequences[doc][lo:hi])
-                card["top_contexts"].append({
-                    "sequence": doc, "position": position, "activation": _r(acts.values[entry]),
-                    "start": lo, "tokens": windows[doc, lo, hi], "activations": [_r(v) for v in window],
-                    "highlight": position - lo})
+        if logit_histograms is not None:
+            card["logit_histogram"] = {"values": logit_histograms[f][0], "heights": logit_histograms[f][1]}
         cards.append(card)
     return cards
 
@@ -351,9 +468,15 @@ def render_html(payload: dict, max_features: int = 256) -> str:
 
 def analyse_lm_sae(lm, sae: SAE, corpus_path: str | os.PathLike, out_dir: str | os.PathLike,
                    config: LMAnalysisConfig | None = None, model_name: str | None = None,
-                   sae_dir: str | os.PathLike | None = None, overwrite: bool = False) -> dict:
+                   sae_dir: str | os.PathLike | None = None, overwrite: bool = False, timings: dict | None = None,
+                   keep: dict | None = None) -> dict:
     """Cards of every feature of an SAE on an LM hook over a corpus; writes features.json and
-    features.html into out_dir and returns the features.json payload."""
+    features.html into out_dir and returns the features.json payload. ``timings``, when given, receives each
+    stage's wall time and this process' CPU time in seconds (``{stage}_s``, ``{stage}_cpu_s``: corpus, encode,
+    logits, cards, write); ``keep`` receives the stages' inputs
+    (``acts``, ``logits``) for a benchmark to rerun a stage on."""
+    import time
+
     from interp.hooks.lm_steer import check_sae_fits
 
     config = (config or LMAnalysisConfig()).validate()
@@ -363,10 +486,26 @@ def analyse_lm_sae(lm, sae: SAE, corpus_path: str | os.PathLike, out_dir: str | 
     hook = check_sae_fits(lm, sae, where=f"the SAE{f' in {sae_dir}' if sae_dir else ''}")
     from interp.lm_text import read_documents
 
+    from .export import LOGITS_HIST_BINS
+
+    timings = {} if timings is None else timings
+    clock = (time.perf_counter(), time.process_time())
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = (time.perf_counter(), time.process_time())
+        timings[f"{stage}_s"], timings[f"{stage}_cpu_s"] = round(now[0] - clock[0], 2), round(now[1] - clock[1], 2)
+        clock = now
+
     documents = read_documents(corpus_path)
     sequences = tokenize_corpus(lm.tokenizer, documents, config.tokens, min(config.max_length, lm.n_ctx))
+    lap("corpus")
     acts = encode_corpus(lm, sae, hook, sequences, config.batch_size)
-    cards = feature_cards(acts, lm.tokenizer, logit_tokens(lm, sae, config.n_logit_tokens), config)
+    lap("encode")
+    logits = logit_tokens(lm, sae, config.n_logit_tokens, histogram_bins=LOGITS_HIST_BINS)
+    lap("logits")
+    cards = feature_cards(acts, lm.tokenizer, logits, config)
+    lap("cards")
     payload = {"kind": KIND, "block": hook, "hook": hook, "model": model_name or lm.name,
                "sae": str(sae_dir) if sae_dir is not None else None,
                "corpus": {"path": Path(corpus_path).name, "sha256": file_sha256(corpus_path),
@@ -377,6 +516,9 @@ def analyse_lm_sae(lm, sae: SAE, corpus_path: str | os.PathLike, out_dir: str | 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / FEATURES_FILENAME, payload, separators=(",", ":"))
     atomic_write_text(out_dir / HTML_FILENAME, render_html(payload, config.html_max_features))
+    lap("write")
+    if keep is not None:
+        keep.update(acts=acts, logits=logits)
     return payload
 
 
@@ -411,14 +553,15 @@ def lm_features_command(args) -> int:
         if len(recorded) != 1:
             raise ValueError("give --model NAME, the language model the SAE reads (its cfg.json names none)")
         model = recorded.pop()
-    config = LMAnalysisConfig(tokens=args.tokens, n_top_contexts=args.top)
+    config = LMAnalysisConfig(tokens=args.tokens, n_top_contexts=args.top,
+                              max_length=getattr(args, "max_length", LMAnalysisConfig.max_length))
     out_dirs = [Path(args.out) / d.name if args.out and len(sae_dirs) > 1 else Path(args.out or d)
                 for d in sae_dirs]
     if not args.overwrite:
         refuse_shipped(out_dirs, "saes features", ANALYSE_ELSEWHERE)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_lm(model, backend=getattr(args, "backend", "hf"), dtype=lm_dtype(getattr(args, "dtype", None)))
+    lm = load_lm(model, backend=getattr(args, "backend", "hf"), dtype=parse_dtype(getattr(args, "dtype", None), default=LM_DTYPE))
     for (directory, sae), out in zip(saes, out_dirs):
         payload = analyse_lm_sae(lm, sae, args.text, out, config, model_name=args.model_name or model,
                                  sae_dir=directory, overwrite=args.overwrite)
@@ -429,6 +572,16 @@ def lm_features_command(args) -> int:
     return 0
 
 
-__all__ = ["LMAnalysisConfig", "analyse_lm_sae", "card_html", "encode_corpus", "feature_cards",
-           "lm_features_command", "load_lm_cards", "logit_tokens", "render_html", "sae_hook_name",
+__all__ = ["LMAnalysisConfig", "PieceDecoder", "all_top_contexts", "analyse_lm_sae", "card_html", "encode_corpus",
+           "feature_cards", "lm_features_command", "load_lm_cards", "logit_tokens", "render_html", "sae_hook_name",
            "tokenize_corpus"]
+
+
+def features_command(args) -> int:
+    """`python -m saes features`: a language model's SAEs here (cards over --text), any other in
+    `saes.features.image_features_command` (cards over an image pool)."""
+    from .features import image_features_command
+
+    if args.text is not None or any(saved_kind(path) == LM for path in args.sae):
+        return lm_features_command(args)
+    return image_features_command(args)

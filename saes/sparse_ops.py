@@ -36,6 +36,48 @@ def sort_rows(index: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.sort(index.numpy(), axis=1))
 
 
+# torch's CPU top k costs about the same for 256 scores a row as for 128, and 4x as much from 512 on (its
+# algorithm changes): each stage of `topk_index` reads at most this many scores a row
+_DIRECT_TOPK = 256
+
+
+def _group_size(n: int, k: int) -> int:
+    """How many scores `topk_index` groups into one: 8, 4 or 2, dividing n, with k groups' scores within
+    _DIRECT_TOPK and at least k groups; 0 where a plain top k is as fast (n within 2 _DIRECT_TOPK) or no size
+    fits."""
+    if n <= 2 * _DIRECT_TOPK:
+        return 0
+    for size in (8, 4, 2):
+        if n % size == 0 and k * size <= _DIRECT_TOPK and n // size >= k:
+            return size
+    return 0
+
+
+def _topk_positions(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """(batch, k) positions of each row's k largest scores, in no order (see topk_index)."""
+    batch, n = scores.shape
+    size = _group_size(n, k)
+    if size == 0:
+        return scores.topk(k, dim=1, sorted=False).indices
+    n_groups = n // size
+    # group g holds the scores g, g + n_groups, g + 2 n_groups, ...: their maximum is a vectorised pass
+    best_groups = _topk_positions(scores.view(batch, size, n_groups).amax(1), k)
+    columns = (best_groups.unsqueeze(2) + torch.arange(0, n, n_groups, device=scores.device)).reshape(batch, -1)
+    return columns.gather(1, _topk_positions(scores.gather(1, columns), k))
+
+
+def topk_index(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """(batch, k) indices of each row's k largest scores, sorted ascending per row: the exact top k, as
+    `scores.topk(k)` gives it (the same values; among equal scores either may be chosen, as with torch.topk).
+
+    In stages instead of one top k over every score: the scores are grouped (`_group_size` of them), the k
+    groups with the largest maxima are found the same way, and the top k of their scores is the answer. Exact: a
+    group holding one of the k largest scores has a maximum at least the k-th largest, and at most k groups have
+    such a maximum (k distinct top scores), so the k best groups hold every top score. With SmolLM2's 4608
+    latents and k 32 the stages read the scores once (a max per 8) and take top k of 72, 256 and 256 scores."""
+    return sort_rows(_topk_positions(scores, k))
+
+
 def _stable_argsort(values: torch.Tensor) -> torch.Tensor:
     """argsort of a 1-D integer tensor (numpy on CPU, for the reason in sort_rows)."""
     if values.device.type != "cpu":
@@ -43,15 +85,24 @@ def _stable_argsort(values: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.argsort(values.numpy(), kind="stable"))
 
 
-def _latent_major_csr(latent_index: torch.Tensor, coefficients: torch.Tensor, n_latents: int) -> torch.Tensor:
-    """The transpose of the (batch, n_latents) selection as a CSR matrix (n_latents, batch)."""
-    batch, m = latent_index.shape
-    flat_latents = latent_index.reshape(-1)
-    order = _stable_argsort(flat_latents)
-    crow = torch.zeros(n_latents + 1, dtype=torch.int64, device=latent_index.device)
-    crow[1:] = torch.bincount(flat_latents, minlength=n_latents).cumsum(0)
-    sample_of_entry = torch.div(order, m, rounding_mode="floor")
-    return _csr(crow, sample_of_entry, coefficients.reshape(-1)[order], (n_latents, batch))
+class LatentMajor:
+    """The (batch, m) selection read latent by latent: entry order sorted by latent (stable), each latent's
+    first entry (offsets, (n_latents,)) and the sample of each sorted entry. Computed once per index and shared
+    by every weight gradient of a step (the encoder's and the decoder's select the same entries)."""
+
+    def __init__(self, latent_index: torch.Tensor, n_latents: int):
+        flat = latent_index.reshape(-1)
+        self.order = _stable_argsort(flat)
+        self.offsets = torch.zeros(n_latents, dtype=torch.int64, device=latent_index.device)
+        if n_latents > 1:
+            self.offsets[1:] = torch.bincount(flat, minlength=n_latents)[:-1].cumsum(0)
+        self.sample = torch.div(self.order, max(latent_index.shape[1], 1), rounding_mode="floor")
+
+    def scatter(self, coefficients: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """out[l] = sum over entries (b, j) of latent l of coefficients[b, j] * rows[b]: (n_latents, d).
+        One embedding bag over `rows` per latent, written once (no zero fill, no sparse matrix)."""
+        return F.embedding_bag(self.sample, rows, self.offsets, mode="sum",
+                               per_sample_weights=coefficients.reshape(-1)[self.order].to(rows.dtype))
 
 
 def scatter_rows(latent_index: torch.Tensor, coefficients: torch.Tensor, rows: torch.Tensor,
@@ -59,12 +110,11 @@ def scatter_rows(latent_index: torch.Tensor, coefficients: torch.Tensor, rows: t
     """out[l] = sum over (b, j) with latent_index[b, j] == l of coefficients[b, j] * rows[b].
 
     latent_index, coefficients: (batch, m); rows: (batch, d) -> (n_latents, d).
-    This is the weight gradient of a sparse layer; a sparse (n_latents x batch) @ (batch x d).
+    This is the weight gradient of a sparse layer (a sparse (n_latents x batch) @ (batch x d)).
     """
     if latent_index.numel() == 0:
         return rows.new_zeros(n_latents, rows.shape[1])
-    csr = _latent_major_csr(latent_index, coefficients.to(rows.dtype), n_latents)
-    return csr @ rows
+    return LatentMajor(latent_index, n_latents).scatter(coefficients, rows)
 
 
 def gather_rows(latent_index: torch.Tensor, coefficients: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -153,3 +203,57 @@ def select_pre_activations(pre_activations, inputs, weight, bias, index):
 def sparse_decode(values, index, weight):
     """Functional form of `SparseDecode`."""
     return SparseDecode.apply(values, index, weight)
+
+
+class SparseTopKAutoencode(torch.autograd.Function):
+    """A TopK SAE's reconstruction from its chosen latents, with one sparse backward for all its weights.
+
+    forward: values = relu(chosen); reconstruction[b] = sum_j values[b, j] * decoder[index[b, j]] + pre_bias.
+    chosen (batch, k) are the pre-activations (x - pre_bias) . encoder[index] + encoder_bias[index] of the
+    chosen latents (detached, already computed), centred = x - pre_bias (detached), index (batch, k) sorted per
+    row. The backward gives the gradients of pre_bias, the encoder, its bias and the decoder that autograd
+    would give through the dense definition, touching only the chosen rows: the two weight gradients share one
+    latent-major ordering of the entries (embedding bags), and pre_bias's gradient through the encoder is
+    -(encoder_bias's gradient) @ encoder, a (d_sae,) x (d_sae, d_in) product instead of a (batch, d_in) one.
+    Returns (reconstruction (batch, d_in), values (batch, k), the latents' values, not differentiable).
+    With a dict as `notes`, the backward also leaves there "decoder_parallel" (d_sae,): each decoder row's
+    gradient dotted with the row (sum of values x the latents' gradients), which the unit-norm rule needs and which
+    costs no pass over the (d_sae, d_in) gradient this way.
+    """
+
+    @staticmethod
+    def forward(ctx, chosen, centred, index, pre_bias, encoder_weight, encoder_bias, decoder_weight, notes=None):
+        ctx.notes = notes
+        values = chosen.relu()
+        reconstruction = F.embedding_bag(index, decoder_weight, per_sample_weights=values, mode="sum")
+        reconstruction += pre_bias
+        ctx.save_for_backward(values, centred, index, encoder_weight, decoder_weight)
+        ctx.mark_non_differentiable(values)
+        return reconstruction, values
+
+    @staticmethod
+    def backward(ctx, grad_reconstruction, _grad_values):
+        values, centred, index, encoder_weight, decoder_weight = ctx.saved_tensors
+        grad_reconstruction = grad_reconstruction.contiguous()
+        n_latents = decoder_weight.shape[0]
+        grad_latents = gather_dots(index, grad_reconstruction, decoder_weight)
+        grad_pre = grad_latents * (values > 0)  # through the ReLU
+        order = LatentMajor(index, n_latents)
+        grad_decoder = order.scatter(values, grad_reconstruction) if ctx.needs_input_grad[6] else None
+        grad_encoder = order.scatter(grad_pre, centred) if ctx.needs_input_grad[4] else None
+        grad_bias = grad_pre.new_zeros(n_latents).index_add_(0, index.reshape(-1), grad_pre.reshape(-1))
+        grad_pre_bias = None
+        if ctx.needs_input_grad[3]:
+            grad_pre_bias = grad_reconstruction.sum(0) - grad_bias @ encoder_weight
+        if ctx.notes is not None:
+            ctx.notes["decoder_parallel"] = grad_bias.new_zeros(n_latents).index_add_(
+                0, index.reshape(-1), (values * grad_latents).reshape(-1))
+        return (None, None, None, grad_pre_bias, grad_encoder, grad_bias if ctx.needs_input_grad[5] else None,
+                grad_decoder, None)
+
+
+def sparse_topk_autoencode(chosen, centred, index, pre_bias, encoder_weight, encoder_bias, decoder_weight,
+                           notes: dict | None = None):
+    """Functional form of `SparseTopKAutoencode`: (reconstruction, values)."""
+    return SparseTopKAutoencode.apply(chosen, centred, index, pre_bias, encoder_weight, encoder_bias,
+                                      decoder_weight, notes)

@@ -9,7 +9,8 @@ b_pre starts at the geometric median of a data sample; decoder directions stay a
 after it); AuxK lets the top 256 dead latents (no firing for `dead_after_tokens` tokens)
 reconstruct the residual that the live latents leave, so dead latents get a gradient again.
 
-`TrainingTopKSAE.forward` uses the sparse kernels of `saes.sparse_ops`; `reference_losses`
+`TrainingTopKSAE.forward` uses the sparse kernels of `saes.sparse_ops` (an exact two-stage top k, one sparse
+backward for every weight); `reference_losses`
 is the same math with dense matrices, kept for the test that checks one against the other.
 """
 
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .sparse_ops import gather_dots, select_pre_activations, sort_rows, sparse_decode
+from .sparse_ops import gather_dots, sort_rows, sparse_topk_autoencode, topk_index
 
 
 @dataclass
@@ -88,13 +89,15 @@ def set_decoder_unit_norm_(decoder_weight: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def remove_parallel_gradient_(decoder_weight: torch.Tensor) -> None:
+def remove_parallel_gradient_(decoder_weight: torch.Tensor, parallel: torch.Tensor | None = None) -> None:
     """Drop the part of each row's gradient along the row, so a step does not change its norm
-    to first order (it only rotates the direction). decoder_weight: (d_sae, d_in), unit rows."""
+    to first order (it only rotates the direction). decoder_weight: (d_sae, d_in), unit rows.
+    parallel: (d_sae,) each row's gradient . row when already known (the sparse backward's), else computed."""
     if decoder_weight.grad is None:
         return
-    parallel = torch.linalg.vecdot(decoder_weight.grad, decoder_weight).unsqueeze(1)
-    decoder_weight.grad.addcmul_(parallel, decoder_weight, value=-1.0)
+    if parallel is None:
+        parallel = torch.linalg.vecdot(decoder_weight.grad, decoder_weight)
+    decoder_weight.grad.addcmul_(parallel.unsqueeze(1), decoder_weight, value=-1.0)
 
 
 def _world() -> int:
@@ -182,39 +185,44 @@ class TrainingTopKSAE(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """x: (batch, d_in) -> dict with loss, mse_loss, aux_loss (scalars), reconstruction
         (batch, d_in, detached), latent_index and latent_values (batch, k, detached)."""
-        centred = x - self.pre_bias
         with torch.no_grad():  # the one dense product: TopK has to see every pre-activation
+            centred = x - self.pre_bias
             with torch.autocast(x.device.type, dtype=self.dense_dtype or torch.float32,
                                 enabled=self.dense_dtype is not None):
                 pre_activations = torch.addmm(self.encoder_bias, centred, self.encoder_weight.t())
             latent_index, chosen = self._choose_latents(pre_activations, centred)
-        latent_values = select_pre_activations(  # chosen: the k float32 values, when bf16 proposed them
-            pre_activations if chosen is None else chosen, centred, self.encoder_weight, self.encoder_bias,
-            latent_index).relu()
-        reconstruction = sparse_decode(latent_values, latent_index, self.decoder_weight) + self.pre_bias
+        # the sparse rest: reconstruction from the k chosen latents, every gradient in one sparse backward
+        self.notes = {}  # the backward's decoder_parallel (decoder_parallel() reads it)
+        reconstruction, latent_values = sparse_topk_autoencode(chosen, centred, latent_index, self.pre_bias,
+                                                               self.encoder_weight, self.encoder_bias,
+                                                               self.decoder_weight, self.notes)
         mse_loss = normalized_mse(reconstruction, x)
-        aux_loss = self._aux_loss(x, centred.detach(), pre_activations, reconstruction.detach())
+        aux_loss = self._aux_loss(x, centred, pre_activations, reconstruction.detach())
         return {
             "loss": mse_loss + self.cfg.aux_coefficient * aux_loss,
             "mse_loss": mse_loss,
             "aux_loss": aux_loss,
             "reconstruction": reconstruction.detach(),
             "latent_index": latent_index,
-            "latent_values": latent_values.detach(),
+            "latent_values": latent_values,
         }
 
+    def decoder_parallel(self) -> torch.Tensor | None:
+        """Each decoder row's gradient . row from the last backward, when the sparse decode gave the decoder's
+        whole gradient (no AuxK term this step, no gradient averaging across ranks afterwards); else None."""
+        return self.notes.pop("decoder_parallel", None) if getattr(self, "notes", None) else None
+
     def _choose_latents(self, pre_activations: torch.Tensor, centred: torch.Tensor):
-        """((batch, k) indices of each row's top k latents, sorted per row; their float32 values or None).
+        """((batch, k) indices of each row's top k latents, sorted per row; their float32 pre-activations).
 
         With a bf16 dense product, bf16 proposes `bf16_candidates` (k + 8 for k up to 32) and their float32
         pre-activations choose the k: bf16 cannot order near-ties (its resolution is 2**-8 of a value), and
-        choosing among them by bf16 cost 0.015 held-out EV on SmolLM2 residuals. None: read the values off the
-        float32 pre-activations."""
+        choosing among them by bf16 cost 0.015 held-out EV on SmolLM2 residuals."""
         k = self.cfg.k
         if self.dense_dtype is None:
-            return sort_rows(pre_activations.topk(k, dim=1, sorted=False).indices), None
-        candidates = sort_rows(pre_activations.topk(min(bf16_candidates(k), self.cfg.d_sae), dim=1,
-                                                    sorted=False).indices)
+            index = topk_index(pre_activations, k)
+            return index, pre_activations.gather(1, index)
+        candidates = topk_index(pre_activations, min(bf16_candidates(k), self.cfg.d_sae))
         exact = gather_dots(candidates, centred, self.encoder_weight) + self.encoder_bias[candidates]
         # positions in the sorted candidate rows, sorted: the chosen indices come out sorted too
         picked = sort_rows(exact.topk(k, dim=1, sorted=False).indices)

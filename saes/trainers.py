@@ -16,6 +16,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from .ranks import (GlobalBatchTopK, _distributed, average_gradients_across_ranks,  # noqa: F401
+                    global_min_positive_threshold as _global_min_positive_threshold, world_size)
 from .sae import SAE
 from .topk import TopKConfig, TrainingTopKSAE, remove_parallel_gradient_, set_decoder_unit_norm_
 
@@ -50,70 +52,6 @@ def check_option_names(options: dict, known: set[str], architecture: str) -> Non
         if name not in known:
             raise ValueError(f"unknown option {name!r} for the {architecture} architecture; its options are: "
                              f"{', '.join(sorted(known - set(CONFIG_SETTINGS)))}")
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def world_size() -> int:
-    return dist.get_world_size() if _distributed() else 1
-
-
-def average_gradients_across_ranks(module: torch.nn.Module) -> None:
-    """The DDP rule every trainer without its own wrapper gets: each parameter's gradient is all-reduced to
-    the ranks' mean as soon as backward has accumulated it, so whatever the trainer does next (gradient
-    clipping, the optimiser step) sees the gradient of the global batch, identical on every rank. Exact
-    for losses that are means over rows, given equal per-rank batches (train() checks them)."""
-    world = dist.get_world_size()
-
-    def hook(param: torch.Tensor) -> None:
-        dist.all_reduce(param.grad)
-        param.grad.div_(world)
-
-    for param in module.parameters():
-        if param.requires_grad:
-            param.register_post_accumulate_grad_hook(hook)
-
-
-class GlobalBatchTopK(torch.nn.Module):
-    """sae-lens' BatchTopK activation over the GLOBAL batch: keeps the k x (all ranks' rows) largest
-    activations of all ranks together. Each rank proposes its own top min(K, numel) values (the global top K
-    holds at most K of any rank's), an all-gather of those gives the K-th largest global value, and each
-    rank keeps its activations at or above it: the same latents as one process's topk on the global batch
-    (continuous values do not tie; a threshold of 0 keeps zeros, which are zeros either way)."""
-
-    def __init__(self, k: float):
-        super().__init__()
-        self.k = k
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        acts = x.relu()
-        flat = acts.detach().flatten()
-        n_global = acts.shape[:-1].numel() * dist.get_world_size()
-        keep = int(self.k * n_global)
-        if keep <= 0:
-            return torch.zeros_like(acts)
-        mine = flat.topk(min(keep, flat.numel())).values
-        gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, mine)
-        threshold = torch.cat(gathered).topk(keep).values[-1]
-        return acts * (acts >= threshold)
-
-
-def _global_min_positive_threshold(sae):
-    """sae-lens' BatchTopK threshold update (an EMA of the smallest positive activation) over all ranks."""
-
-    @torch.no_grad()
-    def update_topk_threshold(acts_topk: torch.Tensor) -> None:
-        positive = acts_topk[acts_topk > 0]
-        smallest = (positive.min() if positive.numel() else acts_topk.new_tensor(float("inf"))).double().reshape(1)
-        dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
-        if torch.isfinite(smallest[0]):
-            lr = sae.cfg.topk_threshold_lr
-            sae.topk_threshold = (1 - lr) * sae.topk_threshold + lr * smallest[0].to(sae.topk_threshold.dtype)
-
-    return update_topk_threshold
 
 
 @register_trainer("topk")
@@ -157,7 +95,10 @@ class TopKTrainer:
     def step(self, batch: torch.Tensor) -> dict[str, float]:
         out = self._forward_module()(batch)
         out["loss"].backward()
-        remove_parallel_gradient_(self.sae.decoder_weight)
+        # the sparse backward's rows . gradients, when it alone gave the decoder's gradient (no AuxK term, no
+        # averaging across ranks): saves a pass over the (d_sae, d_in) gradient
+        alone = not out["aux_loss"].requires_grad and self._model is self.sae and not self.sharded
+        remove_parallel_gradient_(self.sae.decoder_weight, self.sae.decoder_parallel() if alone else None)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         set_decoder_unit_norm_(self.sae.decoder_weight.data)
@@ -236,6 +177,11 @@ class LensTrainer:
             raise ValueError(f"bad options for sae-lens {self.lens_architecture}: {err}") from err
         torch.manual_seed(config.seed)  # the same seed on every rank: the ranks start identical
         self.sae = sae_cls(lens_cfg)
+        self.shards = None
+        if getattr(config, "shard_latents", False) and _distributed():  # this rank's latents (saes.sharded)
+            from .sharded import ShardedLens
+
+            self.shards = ShardedLens(self.sae, self.architecture)
         global_batch = config.batch_size * world_size()  # under DDP, batch_size is each rank's share
         steps = max(1, config.total_tokens // global_batch)
         trainer_cfg = SAETrainerConfig(
@@ -244,7 +190,7 @@ class LensTrainer:
             feature_sampling_window=10**12)  # sampling-window logging goes to wandb only; never reset
         self.trainer = SAETrainer(cfg=trainer_cfg, sae=self.sae, data_provider=iter(()))
         self.d_sae = config.d_sae
-        if _distributed():
+        if _distributed() and self.shards is None:
             self.distribute()
 
     def distribute(self) -> None:
@@ -264,6 +210,8 @@ class LensTrainer:
 
     def step(self, batch: torch.Tensor) -> dict[str, float]:
         t = self.trainer
+        if self.shards is not None:
+            return self._sharded_step(batch)
         freq_before = t.act_freq_scores.clone() if _distributed() else None
         output = t.step(batch)
         t.n_training_steps += 1
@@ -275,39 +223,79 @@ class LensTrainer:
             dist.all_reduce(fired)
             t.act_freq_scores = freq_before + fired
             t.n_training_samples += batch.shape[0] * (world_size() - 1)  # the global batch's samples
+        return self._metrics(output)
+
+    def _metrics(self, output) -> dict[str, float]:
         with torch.no_grad():
             sae_in = output.sae_in
             mse = (output.sae_out - sae_in).pow(2).sum() / (sae_in - sae_in.mean(0)).pow(2).sum()
             l0 = float((output.feature_acts > 0).sum(-1).float().mean())
-        metrics = {"loss": float(output.loss.detach()), "explained_variance": 1.0 - float(mse), "l0": l0}
-        metrics.update({name: float(value.detach()) for name, value in output.losses.items()})
-        return metrics
+        losses = {name: float(value.detach()) for name, value in output.losses.items()}
+        if self.shards is not None:  # penalties and L0 of this rank's latents: summed over ranks
+            losses, l0 = self.shards.reported(losses, l0)
+        loss = float(output.loss.detach()) if self.shards is None else sum(losses.values())
+        return {"loss": loss, "explained_variance": 1.0 - float(mse), "l0": l0, **losses}
+
+    def _sharded_step(self, batch: torch.Tensor) -> dict[str, float]:
+        """Latent-sharded: sae-lens' own step on the global batch, its gradient clipping taking the norm of the
+        whole SAE's gradient (saes.sharded.ShardedLens)."""
+        t = self.trainer
+        clip, torch.nn.utils.clip_grad_norm_ = torch.nn.utils.clip_grad_norm_, self.shards.clip_grad_norm_
+        try:
+            output = t.step(self.shards.global_batch(batch))
+        finally:
+            torch.nn.utils.clip_grad_norm_ = clip
+        t.n_training_steps += 1
+        return self._metrics(output)
 
     def n_dead(self) -> int:
-        return int(self.trainer.dead_neurons.sum())
+        dead = self.trainer.dead_neurons.sum().reshape(1)
+        if self.shards is not None:
+            dist.all_reduce(dead)
+        return int(dead[0])
+
+    COUNTERS = ("act_freq_scores", "n_forward_passes_since_fired")  # (d_sae,): a slice each when sharded
 
     def state_dict(self) -> dict:
-        t = self.trainer
-        return {"sae": self.sae.state_dict(), "optimizer": t.optimizer.state_dict(),
-                "lr_scheduler": t.lr_scheduler.state_dict(), "n_training_steps": t.n_training_steps,
-                "n_training_samples": t.n_training_samples, "act_freq_scores": t.act_freq_scores,
-                "n_forward_passes_since_fired": t.n_forward_passes_since_fired,
-                "n_frac_active_samples": t.n_frac_active_samples}
+        """The whole SAE's training state; latent-sharded, gathered from every rank (a collective)."""
+        t, shards = self.trainer, self.shards
+        sae_state, optimizer = self.sae.state_dict(), t.optimizer.state_dict()
+        counters = {name: getattr(t, name) for name in self.COUNTERS}
+        if shards is not None:
+            sae_state = {name: shards.full(name, value) for name, value in sae_state.items()}
+            optimizer = shards.gather_optimizer_state(optimizer)
+            counters = {name: shards.gather_counter(value) for name, value in counters.items()}
+        return {"sae": sae_state, "optimizer": optimizer, "lr_scheduler": t.lr_scheduler.state_dict(),
+                "n_training_steps": t.n_training_steps, "n_training_samples": t.n_training_samples,
+                **counters, "n_frac_active_samples": t.n_frac_active_samples}
 
     def load_state_dict(self, state: dict) -> None:
-        t = self.trainer
-        self.sae.load_state_dict(state["sae"])
-        t.optimizer.load_state_dict(state["optimizer"])
+        """A whole SAE's state, from a run on any number of ranks, latent-sharded or not."""
+        t, shards = self.trainer, self.shards
+        sae_state, optimizer = state["sae"], state["optimizer"]
+        counters = {name: state[name] for name in self.COUNTERS}
+        if shards is not None:
+            sae_state = {name: shards.part(name, value) for name, value in sae_state.items()}
+            optimizer = shards.slice_optimizer_state(optimizer)
+            counters = {name: shards.slice_counter(value) for name, value in counters.items()}
+        self.sae.load_state_dict(sae_state)
+        t.optimizer.load_state_dict(optimizer)
         t.lr_scheduler.load_state_dict(state["lr_scheduler"])
-        for name in ("n_training_steps", "n_training_samples", "act_freq_scores",
-                     "n_forward_passes_since_fired", "n_frac_active_samples"):
+        for name in ("n_training_steps", "n_training_samples", "n_frac_active_samples"):
             setattr(t, name, state[name])
+        for name, value in counters.items():
+            setattr(t, name, value)
 
     def to_inference(self, **metadata) -> SAE:
         """Through sae-lens' own inference export (folds decoder norms, BatchTopK -> JumpReLU)."""
         state = {name: tensor.detach().clone() for name, tensor in self.sae.state_dict().items()}
-        self.sae.process_state_dict_for_saving_inference(state)
+        if self.shards is not None:  # the whole SAE, gathered (a collective)
+            state = {name: self.shards.full(name, value) for name, value in state.items()}
+            self.shards.process_for_inference(state)
+        else:
+            self.sae.process_state_dict_for_saving_inference(state)
         cfg = self.sae.cfg.get_inference_sae_cfg_dict()
+        cfg["d_sae"] = self.d_sae
         cfg.setdefault("metadata", {}).update(metadata)
         return SAE.from_sae_lens(cfg, state)
 
@@ -401,6 +389,11 @@ class PAnnealTrainer:
             raise ValueError(f"bad options for p-anneal {config.options}: {err}") from None
         torch.manual_seed(config.seed)
         self.sae = _ReLUSAE(config.d_in, config.d_sae)
+        self.shards, self.d_sae = None, config.d_sae
+        if getattr(config, "shard_latents", False) and _distributed():  # this rank's latents (saes.sharded)
+            from .sharded import ShardedReLU
+
+            self.shards = ShardedReLU(self.sae, config.d_sae)
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=config.lr)
         warmup = max(1, self.cfg.warmup_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(s / warmup, 1.0))
@@ -412,19 +405,24 @@ class PAnnealTrainer:
         self.dead_after_steps = max(1, config.dead_after_tokens // global_batch)
         self.state = {"step": 0, "p": self.cfg.p_start, "next_p": None, "p_step_count": 0,
                       "sparsity_coeff": self.cfg.initial_sparsity_penalty, "queue": []}
-        self.steps_since_fired = torch.zeros(config.d_sae, dtype=torch.long)
-        if _distributed():  # DDP: the gradient, the penalty's carried size and the firing counts of the global batch
-            average_gradients_across_ranks(self.sae)
+        n_latents = config.d_sae if self.shards is None else self.shards.n_local
+        self.steps_since_fired = torch.zeros(n_latents, dtype=torch.long)
+        if _distributed() and self.shards is None:  # DDP: the gradient, the penalty's carried size and the firing
+            average_gradients_across_ranks(self.sae)  # counts of the global batch
 
     def prepare(self, first_batch: torch.Tensor) -> None:
         pass  # dictionary_learning starts b_dec at zero
 
     def lp_norm(self, f: torch.Tensor, p: float) -> torch.Tensor:
         norm = f.pow(p).sum(dim=-1)
+        if self.shards is not None:  # the sum over every rank's latents, the same on every rank
+            norm = self.shards.sum_over_ranks(norm)
         return norm.mean() if self.cfg.sparsity_function == "Lp^p" else norm.pow(1 / p).mean()
 
     def step(self, batch: torch.Tensor) -> dict[str, float]:
         s = self.state
+        if self.shards is not None:  # latent-sharded: every rank trains its latents on the global batch
+            batch = self.shards.global_batch(batch)
         x_hat, f = self.sae(batch)
         l2 = torch.linalg.norm(batch - x_hat, dim=-1).mean()
         lp = self.lp_norm(f, s["p"])
@@ -433,7 +431,7 @@ class PAnnealTrainer:
         scaled_lp = used_coeff * lp
         if s["next_p"] is not None:
             pair = torch.stack([lp.detach(), self.lp_norm(f.detach(), s["next_p"])])
-            if _distributed():  # means over rows: the ranks' mean is the global batch's
+            if _distributed() and self.shards is None:  # means over rows: the ranks' mean is the global batch's
                 dist.all_reduce(pair)
                 pair /= world_size()
             pair = pair.tolist()
@@ -460,7 +458,7 @@ class PAnnealTrainer:
         with torch.no_grad():
             w /= w.norm(dim=1, keepdim=True)
             fired = (f > 0).any(0)
-            if _distributed():  # a latent fired if it fired on any rank
+            if _distributed() and self.shards is None:  # a latent fired if it fired on any rank
                 fired = fired.to(torch.uint8)
                 dist.all_reduce(fired, op=dist.ReduceOp.MAX)
                 fired = fired.bool()
@@ -469,26 +467,40 @@ class PAnnealTrainer:
             residual = batch - x_hat
             ev = 1.0 - float(residual.pow(2).sum() / (batch - batch.mean(0)).pow(2).sum())
         s["step"] += 1
+        l0 = float((f > 0).sum(-1).float().mean())
         return {"loss": float(loss.detach()), "l2_loss": float(l2.detach()), "lp_loss": float(lp.detach()),
                 "p": float(used_p), "sparsity_coeff": float(used_coeff), "explained_variance": ev,
-                "l0": float((f > 0).sum(-1).float().mean())}
+                "l0": l0 if self.shards is None else self.shards.sum_l0(l0)}
 
     def n_dead(self) -> int:
-        return int((self.steps_since_fired >= self.dead_after_steps).sum())
+        dead = (self.steps_since_fired >= self.dead_after_steps).sum().reshape(1)
+        if self.shards is not None:
+            dist.all_reduce(dead)
+        return int(dead[0])
 
     def state_dict(self) -> dict:
-        s = self.state
-        return {"sae": self.sae.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "steps_since_fired": self.steps_since_fired,
+        """The whole SAE's training state; latent-sharded, gathered from every rank (a collective)."""
+        s, shards = self.state, self.shards
+        sae_state, optimizer, fired = self.sae.state_dict(), self.optimizer.state_dict(), self.steps_since_fired
+        if shards is not None:
+            sae_state = {name: shards.full(name, value) for name, value in sae_state.items()}
+            optimizer, fired = shards.gather_optimizer_state(optimizer), shards.gather_counter(fired)
+        return {"sae": sae_state, "optimizer": optimizer,
+                "scheduler": self.scheduler.state_dict(), "steps_since_fired": fired,
                 "step": s["step"], "p": s["p"], "next_p": -1.0 if s["next_p"] is None else s["next_p"],
                 "p_step_count": s["p_step_count"], "sparsity_coeff": s["sparsity_coeff"],
                 "queue": torch.tensor(s["queue"], dtype=torch.float64).reshape(-1, 2)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.sae.load_state_dict(state["sae"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """A whole SAE's state, from a run on any number of ranks, latent-sharded or not."""
+        shards, sae_state, optimizer, fired = self.shards, state["sae"], state["optimizer"], state["steps_since_fired"]
+        if shards is not None:
+            sae_state = {name: shards.part(name, value) for name, value in sae_state.items()}
+            optimizer, fired = shards.slice_optimizer_state(optimizer), shards.slice_counter(fired)
+        self.sae.load_state_dict(sae_state)
+        self.optimizer.load_state_dict(optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
-        self.steps_since_fired = state["steps_since_fired"]
+        self.steps_since_fired = fired
         self.state = {"step": int(state["step"]), "p": float(state["p"]),
                       "next_p": None if float(state["next_p"]) < 0 else float(state["next_p"]),
                       "p_step_count": int(state["p_step_count"]), "sparsity_coeff": float(state["sparsity_coeff"]),
@@ -497,11 +509,13 @@ class PAnnealTrainer:
     def to_inference(self, **metadata) -> SAE:
         from .sae import SAEConfig
 
-        sae = SAE(SAEConfig("standard", d_in=self.sae.W_enc.shape[0], d_sae=self.sae.W_enc.shape[1],
-                            metadata=metadata))
+        state = self.sae.state_dict()
+        if self.shards is not None:  # the whole SAE, gathered (a collective)
+            state = {name: self.shards.full(name, value) for name, value in state.items()}
+        sae = SAE(SAEConfig("standard", d_in=self.sae.W_enc.shape[0], d_sae=self.d_sae, metadata=metadata))
         with torch.no_grad():
             for name in ("W_enc", "b_enc", "W_dec", "b_dec"):
-                getattr(sae, name).copy_(getattr(self.sae, name))
+                getattr(sae, name).copy_(state[name])
         return sae
 
 
@@ -534,7 +548,11 @@ class _TranscoderTrainer:
     leave, as the TopK SAE's). TopK keeps each row's k largest latents; BatchTopK the batch's k * batch largest,
     and tracks the threshold sae-lens' BatchTopK tracks (a running mean of the smallest kept activation), so that
     inference runs it as a JumpReLU with that threshold (saved as sae-lens' ``jumprelu_transcoder``).
-    Options: skip (bool, a linear skip path), aux_k, aux_coefficient, threshold_lr."""
+    Options: skip (bool, a linear skip path), aux_k, aux_coefficient, threshold_lr.
+
+    Under torchrun, data parallel on the global batch: averaged gradients (the loss is a mean over rows, its
+    variance the global batch's), BatchTopK's k x (all ranks' rows) kept over every rank (GlobalBatchTopK), a
+    latent fired if it fired on any rank, the threshold's smallest kept activation the minimum over ranks."""
 
     batch_topk = False
     OPTIONS = {"skip": False, "aux_k": 256, "aux_coefficient": 1 / 32, "threshold_lr": 0.01}
@@ -545,9 +563,6 @@ class _TranscoderTrainer:
         if not config.d_out:
             raise ValueError(f"{self.architecture} trains on (input, target) pairs: give the store's output hook "
                              "(saes train --target-block blocks.L.mlp.hook_out)")
-        if _distributed():  # its BatchTopK threshold and dead counts have no global rule yet: never per rank
-            raise ValueError(f"{self.architecture} trains in one process: run it without torchrun (the SAE "
-                             f"trainers run under it)")
         if not 0 < config.k <= config.d_sae:
             raise ValueError(f"k must be in 1..d_sae, got k={config.k} with d_sae={config.d_sae}")
         self.d_in, self.d_out, self.k, self.d_sae = config.d_in, config.d_out, config.k, config.d_sae
@@ -556,6 +571,8 @@ class _TranscoderTrainer:
         self.optimizer = torch.optim.Adam(self.sae.parameters(), lr=config.lr, eps=6.25e-10)
         self.tokens_since_fired = torch.zeros(config.d_sae, dtype=torch.int64)
         self.threshold = torch.zeros(())
+        if _distributed():  # DDP: averaged gradients; the batch-level rules below run over the global batch
+            average_gradients_across_ranks(self.sae)
 
     def prepare(self, first_batch: torch.Tensor) -> None:
         with torch.no_grad():
@@ -563,6 +580,8 @@ class _TranscoderTrainer:
 
     def _latents(self, pre: torch.Tensor) -> torch.Tensor:
         if self.batch_topk:
+            if _distributed():  # the k x (all ranks' rows) largest of the global batch (GlobalBatchTopK)
+                return GlobalBatchTopK(self.k)(pre)
             flat = pre.relu().flatten()
             top = flat.topk(min(self.k * pre.shape[0], flat.numel()), sorted=False)
             return torch.zeros_like(flat).scatter(0, top.indices, top.values).view_as(pre)
@@ -594,13 +613,20 @@ class _TranscoderTrainer:
         set_decoder_unit_norm_(sae.W_dec.data)
         with torch.no_grad():
             active = latents > 0
-            self.tokens_since_fired += x.shape[0]
-            self.tokens_since_fired[active.any(0)] = 0
-            if self.batch_topk and active.any():
-                smallest = latents[active].min()
+            fired, n_tokens = active.any(0), x.shape[0]
+            smallest = (latents[active].min() if active.any() else latents.new_tensor(float("inf"))).reshape(1)
+            if _distributed():  # a latent fired if it fired on any rank; the smallest kept activation of all
+                fired = fired.to(torch.uint8)
+                dist.all_reduce(fired, op=dist.ReduceOp.MAX)
+                fired, n_tokens = fired.bool(), n_tokens * world_size()
+                dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+            self.tokens_since_fired += n_tokens
+            self.tokens_since_fired[fired] = 0
+            if self.batch_topk and torch.isfinite(smallest[0]):
+                smallest = smallest[0]
                 lr = float(self.options["threshold_lr"])
                 self.threshold = smallest if self.threshold == 0 else (1 - lr) * self.threshold + lr * smallest
-        return {"loss": float(loss.detach()), "mse_loss": float(mse.detach()), "aux_loss": float(aux),
+        return {"loss": float(loss.detach()), "mse_loss": float(mse.detach()), "aux_loss": float(aux.detach()),
                 "explained_variance": 1.0 - float(mse.detach()), "l0": float(active.sum(1).float().mean())}
 
     def n_dead(self) -> int:

@@ -236,13 +236,13 @@ def train_transcoder_set(lm, sequences: list[list[int]], out: str | os.PathLike,
 
 def add_arguments(parser) -> None:
     """`saes train-transcoders`: a transcoder for every layer, one forward pass per chunk of text."""
-    from interp.cli import at_least
+    from interp.cli import add_out_argument, at_least
 
     from .trainers import TRANSCODER_TRAINERS
 
     parser.add_argument("--model", required=True)
     parser.add_argument("--text", required=True, help="training text (JSONL or lines), whole documents")
-    parser.add_argument("--out", required=True, help="run directory (checkpoints, then one transcoder per layer)")
+    add_out_argument(parser, required=True, help="run directory (checkpoints, then one transcoder per layer)")
     parser.add_argument("--architecture", choices=TRANSCODER_TRAINERS, default="batchtopk-transcoder")
     parser.add_argument("--d-sae", type=at_least(1), default=1024)
     parser.add_argument("--k", type=at_least(1), default=32)

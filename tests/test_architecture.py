@@ -155,3 +155,28 @@ def test_the_benchmarks_that_patch_sys_path_are_the_ones_the_layout_names():
     named = set(re.findall(r"([\w]+\.py)", entry))
     patching = {p.name for p in (ROOT / "benchmarks").glob("*.py") if "sys.path" in p.read_text()}
     assert named == patching
+
+
+# Tests of a model's identity by its name, which the spec decides once (`interp.models.spec.model_spec`: kind,
+# source, registry entry, world, defaults): the core and the packages above it ask the spec, never the name.
+CORE = ("interp", "saes", "ui", "riebench", "flowlens", "app.py")
+NAME_TESTS = re.compile(r"""startswith\(\s*["']toy|["']turbo["']\s+in\b|["']/["']\s+in\s+model_name"""
+                        r"""|==\s*["']toy-chat["']""")
+
+
+def test_the_core_tests_no_model_by_its_name():
+    hits = []
+    for top in CORE:
+        paths = [ROOT / top] if top.endswith(".py") else sorted((ROOT / top).rglob("*.py"))
+        for path in paths:
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if NAME_TESTS.search(line):
+                    hits.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not hits, "a model's kind or defaults decided by its name (ask interp.models.spec.model_spec):\n" + \
+        "\n".join(hits)
+
+
+@pytest.mark.parametrize("line", ['if name.startswith("toy-chat"):', "steps = 1 if 'turbo' in source else 30",
+                                  'if "/" in model_name:', 'text == "toy-chat" or x'])
+def test_the_name_test_search_sees_the_forms_it_forbids(line):
+    assert NAME_TESTS.search(line)

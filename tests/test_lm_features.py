@@ -38,7 +38,7 @@ def _cards() -> tuple[dict, Path, Path]:
     corpus = _corpus(work)
     out = work / "cards"
     assert main(["features", "--sae", str(toy_lm_sae()[1]), "--text", str(corpus), "--tokens", "900",
-                 "--out", str(out)]) == 0  # no --model: the SAE's metadata names toy-chat
+                 "--max-length", "48", "--out", str(out)]) == 0  # no --model: the SAE's metadata names toy-chat
     return json.loads((out / "features.json").read_text()), out, corpus
 
 
@@ -60,6 +60,7 @@ def test_cards_are_written_as_strict_json_and_a_self_contained_page():
     payload, out, _ = _cards()
     assert payload["kind"] == "lm" and payload["hook"] == HOOK and payload["model"] == "toy-chat"
     assert payload["corpus"]["tokens"] == 900 and payload["corpus"]["path"] == "corpus.jsonl"
+    assert payload["config"]["max_length"] == 48 and payload["corpus"]["sequences"] >= 900 // 48
     assert len(payload["features"]) == 256 and [c["id"] for c in payload["features"]] == list(range(256))
     html = (out / "features.html").read_text()
     assert html.startswith("<!doctype html>") and "<script" not in html and "http" not in html
@@ -179,3 +180,62 @@ def test_bad_requests_are_one_line_errors_before_anything_is_written(tmp_path, c
 def test_an_image_sae_still_needs_out_and_an_image_source(capsys):
     status, lines = _run(capsys, "--sae", str(ROOT / "saes" / "pretrained" / "toy"), "--world", "2")
     assert status == 2 and lines == ["error: give --out DIR, where features.html and features_summary.json go"]
+
+
+def test_every_features_top_contexts_at_once_equal_the_feature_by_feature_search():
+    """The search over all features at once against the feature-by-feature one it replaced
+    (`benchmarks.export.per_feature_top_contexts`). Sparse activations with ties (equal values in one sequence and across sequences), features firing in one
+    sequence, in many, never; windows cut at both ends of their sequence."""
+    import numpy as np
+
+    from benchmarks.export import per_feature_top_contexts
+    from saes.lm_features import Activations, feature_cards
+
+    rng = np.random.default_rng(0)
+    lm = toy_lm()
+    vocab = len(lm.tokenizer)
+    sequences = [[1] + rng.integers(3, vocab, size=int(n)).tolist() for n in rng.integers(2, 40, size=30)]
+    starts = np.concatenate([[0], np.cumsum([len(s) for s in sequences])])
+    F, nnz = 50, 900
+    rows = rng.integers(0, starts[-1], size=3 * nnz)
+    feats = rng.integers(0, F - 5, size=3 * nnz)                     # the last 5 features never fire
+    _, unique = np.unique(rows * F + feats, return_index=True)
+    rows, feats = rows[unique][:nnz], feats[unique][:nnz]
+    values = rng.choice([0.5, 1.0, 1.5, 2.0], size=len(rows)) + (rng.random(len(rows)) < 0.5) * rng.random(len(rows))
+    shuffle = rng.permutation(len(rows))
+    acts = Activations(sequences, starts, rows[shuffle], feats[shuffle].astype(np.int64), values[shuffle],
+                       int(starts[-1]), F)
+    logits = tuple(np.zeros((F, 2), dtype=d) for d in (np.int64, np.float32, np.int64, np.float32))
+    for top in (2, 20):
+        config = LMAnalysisConfig(n_top_contexts=top, window_before=5, window_after=3)
+        cards = feature_cards(acts, lm.tokenizer, logits, config)
+        assert [c["top_contexts"] for c in cards] == per_feature_top_contexts(acts, lm.tokenizer, config)
+    assert sum(len(c["top_contexts"]) > 3 for c in cards) > 10 and not cards[-1]["top_contexts"]
+
+
+def test_window_pieces_decoded_at_once_equal_the_token_by_token_pieces():
+    """`PieceDecoder` against `sequence_pieces`: SmolLM2's byte-level tokenizer on text with characters split
+    across tokens and a special token and the toy word-level one (which joins words with spaces)."""
+    from saes.lm_features import PieceDecoder, sequence_pieces
+
+    toy = toy_lm().tokenizer
+    ids = toy("the cat sat on the mat")["input_ids"]
+    assert PieceDecoder(toy)(ids) == sequence_pieces(toy, ids)
+    from transformers import AutoTokenizer
+
+    from interp.models.fetch import fetched_dir, is_fetched
+
+    if not is_fetched(fetched_dir("smollm2-135m-instruct")):
+        pytest.skip("SmolLM2 is not fetched (python -m interp fetch smollm2-135m-instruct)")
+    smol = AutoTokenizer.from_pretrained(fetched_dir("smollm2-135m-instruct"))
+    text = ("When did Virgin Australia start operating?\n\nVirgin Australia commenced services on 31 August 2000 as "
+            "Virgin Blue, with two aircraft on a single route.  Tabs\tand  double spaces; a naïve café in Zürich, "
+            "Ελληνικά, русский, 東京タワー, 한국어, emoji 🙂👍🏽 and math ∑∫√ — quotes “like this” … <|im_end|> "
+            "def f(x):\n    return x ** 2  # code\n") * 2
+    tokens = smol(text)["input_ids"]
+    decoder, split, n = PieceDecoder(smol), 0, 0
+    for n, lo in enumerate(range(0, len(tokens) - 17, 3), 1):
+        window = tokens[lo:lo + 17]
+        assert decoder(window) == sequence_pieces(smol, window)
+        split += any("\ufffd" in smol.decode([i]) for i in window)
+    assert 0 < split < n  # some windows hold a character split across tokens (the token-by-token path), some not

@@ -105,3 +105,76 @@ def test_a_pass_that_bypasses_nnsight_while_a_site_is_hooked_is_refused():
     nn.model(input_ids=ids, attention_mask=mask)  # nothing hooked: a plain pass runs
     assert state_of(nn.model) is not None and state_of(hf_base_model(nn.model)) is state_of(nn.model)
     assert call_model(nn.model, input_ids=ids, attention_mask=mask).logits.shape[:2] == ids.shape
+
+
+def test_nnsight_diffusion_model_reads_the_blocks_the_workbench_captures():
+    """What docs/lm-architectures.md reports of nnsight's DiffusionModel: it reaches the denoiser's blocks as envoys,
+    and a block's output read through it at every step equals the workbench's capture of the same pipeline call
+    (tiny SD1: both classifier-free halves, two steps); the workbench still refuses it as a backend (next test)."""
+    import nnsight
+    from nnsight.modeling.diffusion import DiffusionModel, _PipelineModule
+    from tiny_diffusers import tiny_model  # tests/ is on the path
+
+    from interp.hooks import capture_updates
+
+    model = tiny_model("sd1")
+    block = "up_blocks.1.attentions.1"
+    with capture_updates(model, [block], keep_output=True) as capture:
+        model.pipe("red circle", num_inference_steps=2, output_type="latent",
+                   generator=torch.Generator().manual_seed(1))
+    ours = capture.outputs(block, half="all")                       # (steps, 2 halves, c, h, w)
+    wrapper = DiffusionModel(_PipelineModule(model.pipe))          # a loaded pipeline: only through its private class
+    envoy = wrapper.unet.up_blocks[1].attentions[1]
+    with wrapper.trace("red circle", num_inference_steps=2, output_type="latent",
+                       generator=torch.Generator().manual_seed(1)) as tracer:
+        theirs = list().save()
+        for _ in tracer.iter[:]:
+            theirs.append(envoy.output[0])
+    assert isinstance(nnsight.__version__, str) and len(theirs) == 2
+    for step in range(2):
+        assert torch.equal(theirs[step], ours[step].reshape(theirs[step].shape))
+
+
+@pytest.mark.parametrize("argv", [
+    ["interp", "collect", "--model", "toy", "--world", "2", "--backend", "nnsight"],
+    ["interp", "hooks", "--model", "toy", "--backend", "nnsight"],
+    ["saes", "features", "--model", "toy", "--sae", "saes/pretrained/toy", "--world", "2", "--backend", "nnsight"],
+    ["saes", "eval", "--model", "toy", "--sae", "saes/pretrained/toy/up_blocks.1.attentions.1", "--world", "2",
+     "--backend", "nnsight"],
+])
+def test_backend_nnsight_for_a_text_to_image_model_is_one_line(argv, tmp_path, capsys, monkeypatch):
+    import importlib
+
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    main = importlib.import_module(f"{argv[0]}.__main__").main
+    out = tmp_path / "out"
+    args = argv[1:] + (["--out", str(out)] if argv[1] not in ("hooks", "eval") else [])
+    args += ["--pool-dir", str(tmp_path / "pool")] if argv[1] == "features" else []
+    try:
+        code = main(args)
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "--backend nnsight is for language models; toy is a text-to-image model" in err
+    assert not out.exists() and not (tmp_path / "pool").exists()
+
+
+def test_a_model_nnsight_cannot_wrap_is_one_line(tmp_path, capsys):
+    """A family the site table lacks (MPT) is refused before nnsight wraps it: the sites would be guessed."""
+    from transformers import MptConfig, MptForCausalLM
+
+    from interp.__main__ import main
+
+    MptForCausalLM(MptConfig(d_model=16, n_heads=2, n_layers=1, vocab_size=len(TOKENIZER))).save_pretrained(tmp_path)
+    TOKENIZER.save_pretrained(tmp_path)
+    capsys.readouterr()
+    try:
+        code = main(["hooks", "--model", str(tmp_path), "--backend", "nnsight"])
+    except SystemExit as exit_:
+        code = exit_.code
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "it/s]" not in line]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: the workbench has no site table for "
+                                                                 "model_type 'mpt'"), lines

@@ -108,3 +108,64 @@ def test_the_core_alone_names_what_to_import_for_an_embedded_model(monkeypatch):
         with pytest.raises(embedded.NotRegistered, match=r"^no embedded models are registered: import zoo first"):
             load(name)
     assert model_spec("stabilityai/sdxl-turbo").source == "hub"
+
+
+def test_the_spec_carries_the_registry_entry_its_defaults_and_where_the_model_loads_from(tmp_path):
+    """A name is resolved once: the spec's entry and defaults are the registry's, `locate` is what both loaders and
+    their old resolvers (`resolve_lm`, `t2i.resolve`) read, and a hub id's kind is the caller's word."""
+    from interp.embedded import weights_dir
+    from interp.models import fetch
+    from interp.models.lm import LMError, resolve_lm
+    from interp.models.t2i import KNOWN_MODELS, ModelError, resolve
+
+    base = model_spec("toy-base")
+    assert (base.entry, base.default_steps, base.default_guidance, base.world) == (KNOWN_MODELS["toy-base"], 30, 5.0,
+                                                                                   "shapes")
+    assert base.locate() == (str(weights_dir() / "t2i-base"), True) and resolve("toy-base") == (
+        str(weights_dir() / "t2i-base"), KNOWN_MODELS["toy-base"])
+    chat = model_spec("toy-chat")
+    assert (chat.world, chat.default_steps, chat.entry) == ("chat", None, None)
+    assert chat.locate() == resolve_lm("toy-chat") == (str(weights_dir() / "chat-base"), True)
+    assert chat.context_length() == json.loads((weights_dir() / "chat-base" / "config.json").read_text())["n_positions"]
+    smol = model_spec("smollm2-135m-instruct")
+    assert smol.entry is fetch.REGISTRY_MODELS["smollm2-135m-instruct"] and smol.source == "registry"
+    hub = "someone/some-model"
+    assert model_spec(hub).kind == T2I and model_spec(hub, kind=LM).kind == LM  # the caller says what a hub id is
+    assert model_spec(hub, kind=LM).locate() == resolve_lm(hub) == (hub, False)
+    assert model_spec("toy-chat", kind=T2I).kind == LM  # a name that says its kind keeps it
+    assert model_spec(chat) is chat
+    with pytest.raises(ModelError, match="unknown model 'nope'"):
+        model_spec("nope").locate()
+    with pytest.raises(ModelError, match="toy-chat is a language model"):
+        resolve("toy-chat")
+    with pytest.raises(LMError, match="did you mean toy-chat"):
+        resolve_lm("toy-chatt")
+    with pytest.raises(ValueError, match="kind is one of"):
+        model_spec("toy", kind="diffusion")
+
+
+def test_both_loaded_kinds_implement_one_protocol_whose_sessions_are_the_hooks(toy_t2i):
+    """`LoadedModel`: kind, sites, describe, and capture / intervene that run `interp.hooks`' sessions."""
+    from interp.hooks import capture
+    from interp.models.lm import load_lm
+    from interp.models.protocol import LoadedModel
+
+    chat = load_lm("toy-chat")
+    for model, kind in ((chat, LM), (toy_t2i, T2I)):
+        assert isinstance(model, LoadedModel) and model.kind == kind == kind_of(model)
+    assert chat.sites == model_spec("toy-chat").describe()["sites"] == chat.describe()["sites"]
+    assert list(toy_t2i.sites) == [*toy_t2i.blocks, *toy_t2i.text_sites]
+    ids = chat.tokenizer("the cat", return_tensors="pt").input_ids
+    hook = chat.sites[-1]
+    with chat.capture([hook]) as ours, torch.no_grad():
+        chat.model(ids)
+    with capture(chat, [hook]) as theirs, torch.no_grad():
+        chat.model(ids)
+    assert torch.equal(ours.activations[hook], theirs.activations[hook])
+    from interp.hooks.lm_steer import LMEdit
+
+    direction = torch.ones(chat.d_model)
+    with chat.intervene([LMEdit(hook, "add", direction=direction, strength=2.0)]), chat.capture([hook]) as edited, \
+            torch.no_grad():
+        chat.model(ids)
+    assert torch.allclose(edited.activations[hook], ours.activations[hook] + 2.0 * direction, atol=1e-4)

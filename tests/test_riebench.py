@@ -49,7 +49,7 @@ def random_model():
     torch.manual_seed(0)
     pipe = build_pipeline(T2IConfig(), tokenizer_dir)
     pipe.set_progress_bar_config(disable=True)
-    # Built by the toy's recipe, untrained: a pipeline that recipe saves is the shapes world's (`_recipe_made`).
+    # Built by the toy's recipe, untrained: a pipeline that recipe saves is the shapes world's (`recipe_made`).
     return T2IModel(name="random", pipe=pipe, default_steps=1, default_guidance=0.0, blocks=block_info(pipe.unet),
                     world="shapes")
 

@@ -1,7 +1,8 @@
-"""Every trainer under DDP (2 gloo ranks via torchrun) equals one process on the same global batches; a TopK SAE
-sharded by latent (saes/sharded.py) equals the unsharded one, holds half the latents' parameters per rank, writes one
-whole SAE, refuses bad input in one line, and resumes after a rank dies to the same result. One torchrun job runs
-all of it (and ends by losing rank 1); a second resumes the interrupted run.
+"""Every trainer (the transcoders too) under DDP (2 gloo ranks via torchrun) equals one process on the same global
+batches; a TopK SAE, sae-lens' standard, jumprelu, batchtopk, matryoshka, gated and topk, and p-anneal sharded by
+latent (saes/sharded.py) equal the unsharded ones, hold half the latents' parameters per rank, write one whole SAE,
+refuse bad input in one line, and resume (after a rank dies, or a run stopped halfway) to the same result. One
+torchrun job runs all of it (and ends by losing rank 1); a second resumes the interrupted run.
 
 Data parallel: the worker (this file run by torchrun) trains each architecture on its rank's half of each global
 batch; the test trains the same architecture in one process on the whole global batches and compares the training
@@ -11,6 +12,7 @@ auxiliary losses (AuxK) and dead-latent rules run too.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -22,11 +24,14 @@ import torch
 from interp.cli import user_error_message
 from saes.sae import SAE
 from saes.train import TrainConfig, train
+from saes.trainers import make_trainer
 
 D_IN, PER_RANK, WORLD, STEPS, D_SAE = 16, 32, 2, 6, 128
 CASES = {"topk": {}, "batchtopk": {}, "matryoshka": {"matryoshka_widths": [16, 128]},
          "jumprelu": {"l0_coefficient": 0.1}, "standard": {"l1_coefficient": 0.5}, "lens-topk": {},
-         "gated": {"l1_coefficient": 0.5}, "p-anneal": {"warmup_steps": 2}}
+         "gated": {"l1_coefficient": 0.5}, "p-anneal": {"warmup_steps": 2},
+         "topk-transcoder": {"aux_k": 8}, "batchtopk-transcoder": {"aux_k": 8}}
+TRANSCODER_IN = 10  # transcoders read a row's first 10 numbers and predict its other 6
 
 
 def global_batches(n: int = STEPS):
@@ -37,8 +42,17 @@ def global_batches(n: int = STEPS):
         yield weights @ dictionary + 0.2
 
 
+LENS_SHARDED = ("standard", "jumprelu", "batchtopk", "matryoshka", "gated", "p-anneal", "lens-topk")
+
+
+def param_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
 def config(architecture: str, batch_size: int) -> TrainConfig:
-    return TrainConfig(architecture=architecture, d_in=D_IN, d_sae=128, k=2, batch_size=batch_size, lr=1e-3,
+    widths = (dict(d_in=TRANSCODER_IN, d_out=D_IN - TRANSCODER_IN) if architecture.endswith("-transcoder")
+              else dict(d_in=D_IN))
+    return TrainConfig(architecture=architecture, **widths, d_sae=128, k=2, batch_size=batch_size, lr=1e-3,
                        total_tokens=PER_RANK * WORLD * STEPS, dead_after_tokens=PER_RANK * WORLD,
                        options=CASES[architecture], log_every_steps=1, checkpoint_every_steps=1000)
 
@@ -48,6 +62,16 @@ def _data_parallel(out: Path, rank: int) -> None:
         mine = (batch[rank * PER_RANK:(rank + 1) * PER_RANK] for batch in global_batches())
         sae = train(config(architecture, PER_RANK), mine, Path(out) / architecture, progress=False)
         torch.save(sae.state_dict(), Path(out) / architecture / f"inference{rank}.pt")
+    for architecture in LENS_SHARDED:  # latent-sharded sae-lens architectures
+        mine = (batch[rank * PER_RANK:(rank + 1) * PER_RANK] for batch in global_batches())
+        sharded = dataclasses.replace(config(architecture, PER_RANK), shard_latents=True)
+        trainer = make_trainer(sharded)
+        (Path(out) / f"{architecture}-param_bytes{rank}.txt").write_text(str(param_bytes(trainer.sae)))
+        if architecture == "batchtopk":  # stopped after half the steps, then resumed: the checkpoint's slices
+            first_half = dataclasses.replace(sharded, total_tokens=sharded.total_tokens // 2)
+            train(first_half, (batch[rank * PER_RANK:(rank + 1) * PER_RANK] for batch in global_batches()),
+                  Path(out) / f"{architecture}-sharded", progress=False)
+        train(sharded, mine, Path(out) / f"{architecture}-sharded", progress=False)
     uneven = (batch[: PER_RANK - rank] for batch in global_batches())  # rank 1 passes one row fewer
     try:
         train(config("topk", PER_RANK), uneven, Path(out) / "uneven", progress=False)
@@ -84,12 +108,42 @@ def test_every_trainer_under_two_gloo_ranks_equals_one_process_on_the_global_bat
             for key in ("p", "p_step_count", "sparsity_coeff"):
                 assert ddp["trainer"][key] == pytest.approx(single["trainer"][key], rel=1e-5), key
             torch.testing.assert_close(ddp["trainer"]["queue"], single["trainer"]["queue"], rtol=1e-5, atol=1e-5)
+        elif "threshold" in single["trainer"]:  # transcoders: dead-latent counts, BatchTopK's threshold
+            assert (single["trainer"]["tokens_since_fired"] >= PER_RANK * WORLD).any(), architecture
+            torch.testing.assert_close(ddp["trainer"]["tokens_since_fired"], single["trainer"]["tokens_since_fired"])
+            torch.testing.assert_close(ddp["trainer"]["threshold"], single["trainer"]["threshold"], rtol=0, atol=1e-6)
+            assert (float(single["trainer"]["threshold"]) > 0) == architecture.startswith("batchtopk"), architecture
         else:
             assert (single["trainer"]["sae"]["tokens_since_fired"] >= PER_RANK * WORLD).any()
         rank0, rank1 = (torch.load(launch / "ddp" / architecture / f"inference{r}.pt", weights_only=True)
                         for r in (0, 1))
         for name in rank0:
             torch.testing.assert_close(rank0[name], rank1[name], rtol=0, atol=0, msg=f"{architecture} {name}")
+        if architecture in LENS_SHARDED:  # latent-sharded: the same training state, half the parameters a rank
+            sharded = torch.load(launch / "ddp" / f"{architecture}-sharded" / "checkpoint.pt", weights_only=True)
+            assert sharded["step"] == STEPS
+            for name, value in single["trainer"]["sae"].items():
+                assert sharded["trainer"]["sae"][name].shape == value.shape, name  # one whole SAE
+                torch.testing.assert_close(sharded["trainer"]["sae"][name], value, rtol=0, atol=1e-5,
+                                           msg=f"sharded {architecture} {name}")
+            for position, entry in single["trainer"]["optimizer"]["state"].items():
+                for key in ("exp_avg", "exp_avg_sq"):
+                    torch.testing.assert_close(sharded["trainer"]["optimizer"]["state"][position][key], entry[key],
+                                               rtol=1e-4, atol=1e-6)
+            for key in ("n_forward_passes_since_fired", "act_freq_scores", "steps_since_fired", "queue"):
+                if key in single["trainer"]:  # dead-latent counters (p-anneal: and its penalty's queue)
+                    torch.testing.assert_close(sharded["trainer"][key], single["trainer"][key], rtol=1e-5, atol=1e-5,
+                                               msg=key)
+            for key in ("p", "p_step_count", "sparsity_coeff"):
+                if key in single["trainer"]:
+                    assert sharded["trainer"][key] == pytest.approx(single["trainer"][key], rel=1e-5), key
+            x = next(global_batches(1))
+            torch.testing.assert_close(SAE.load(launch / "ddp" / f"{architecture}-sharded")(x),
+                                       SAE.load(tmp_path / "one" / architecture)(x), rtol=0, atol=1e-5)
+            whole = param_bytes(make_trainer(config(architecture, PER_RANK * WORLD)).sae)
+            for rank in range(WORLD):  # half of every latent's parameters; b_dec (d_in numbers) on every rank
+                got = int((launch / "ddp" / f"{architecture}-param_bytes{rank}.txt").read_text())
+                assert got == 4 * D_IN + (whole - 4 * D_IN) // 2, architecture
     for rank in range(WORLD):
         message = (launch / "ddp" / f"uneven{rank}.txt").read_text()
         assert message == ("batch 0: the ranks' batches hold between 31 and 32 rows; under torchrun every rank "
@@ -192,6 +246,41 @@ def test_latent_sharded_topk_equals_unsharded_and_resumes_after_a_rank_dies(laun
     resumed = _torchrun("resume", tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     _assert_same_training_state(tmp_path / "resumed", tmp_path / "one")
+
+
+
+def test_shard_latents_is_refused_in_one_line_where_it_is_not_defined():
+    refused = (("topk-transcoder", False), ("batchtopk-transcoder", False), ("topk", True))
+    for architecture, autocast in refused:
+        with pytest.raises(ValueError) as err:
+            dataclasses.replace(config("topk", PER_RANK), architecture=architecture, autocast=autocast,
+                                shard_latents=True, options={}).validate()
+        message = str(err.value)
+        assert "\n" not in message and message.startswith(
+            "--shard-latents works for topk, standard, jumprelu, batchtopk, matryoshka, gated, p-anneal, lens-topk "
+            "(without --autocast), not "), message
+
+
+def test_the_backend_follows_the_device(monkeypatch):
+    """NCCL (with gloo for CPU tensors) for a CUDA device, this rank's GPU chosen; gloo otherwise. No GPU here:
+    NCCL's presence and the calls into torch are stood in for, and what init_process_group asks torch for is
+    checked."""
+    import torch.distributed as dist
+
+    from interp import distributed
+
+    calls = []
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout: calls.append(("init", backend)))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("device", index)))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert [distributed.backend_for(d) for d in ("cuda", "cuda:1", "cpu", None)] == ["nccl", "nccl", "gloo", "gloo"]
+    distributed.init_process_group("cuda")
+    distributed.init_process_group("cpu")
+    distributed.init_process_group()
+    assert calls == [("device", 3), ("init", "cpu:gloo,cuda:nccl"), ("init", "gloo"), ("init", "gloo")]
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: False)  # a CPU-only torch: gloo whatever the device
+    assert distributed.backend_for("cuda:0") == "gloo"
 
 
 if __name__ == "__main__":

@@ -256,3 +256,35 @@ def test_export_into_shipped_files_is_refused(capsys):
                      str(ROOT / "saes/pretrained/toy/export"))
     assert code == 2 and "shipped with the repository" in err
     assert not (ROOT / "saes/pretrained/toy/export").exists()
+
+
+def test_cards_carry_the_logit_histograms_so_the_export_needs_no_model(tmp_path, chat_lm, monkeypatch):
+    """Cards made now keep each feature's logit histogram (from the pass that finds its promoted tokens); the export
+    reads it from them without loading the model, and it equals what the export computes through the model for
+    cards made before they kept it."""
+    import shutil
+
+    import interp.models.lm
+    from saes.lm_features import LMAnalysisConfig, analyse_lm_sae
+
+    sae_dir = tmp_path / "sae"
+    shutil.copytree(CHAT_SAE, sae_dir, ignore=shutil.ignore_patterns("features.*"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\nwhat did the dog do with the red ball\n" * 20)
+    analyse_lm_sae(chat_lm, SAE.load(sae_dir).eval(), corpus, sae_dir, LMAnalysisConfig(tokens=300),
+                   model_name="toy-chat", sae_dir=sae_dir)
+    cards = read_cards(sae_dir)
+    assert all(len(c["logit_histogram"]["heights"]) == 50 for c in cards["features"])
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the export loaded the model")
+
+    monkeypatch.setattr(interp.models.lm, "load_lm", no_model)
+    export_sae(sae_dir, tmp_path / "from-cards", ExportConfig(features_per_batch=1024))
+    for card in cards["features"]:
+        del card["logit_histogram"]
+    (sae_dir / "features.json").write_text(json.dumps(cards))
+    export_sae(sae_dir, tmp_path / "through-model", ExportConfig(features_per_batch=1024), lm=chat_lm)
+    ours, theirs = (json.loads((tmp_path / name / "batch-0.json").read_text())["features"]
+                    for name in ("from-cards", "through-model"))
+    assert len(ours) == 1024 and ours == theirs

@@ -115,7 +115,6 @@ def test_painted_labels_run_at_each_step_count_resume_and_fold_into_the_report(t
     block = "up_blocks.1.attentions.1"
     if library is None or block not in library.blocks:
         pytest.skip("needs the SAEs shipped for the toy model")
-    monkeypatch.setattr(st, "RUN_ROOT", st.RUN_ROOT)  # paint sets the module's run directory; restored after
     chosen = st.paint_features(library, [block])
     assert chosen and all(b == block and label.split("=")[0] in st.PAINT_ATTRIBUTES for b, _, label in chosen)
     assert [f for _, f, _ in chosen] == [library.search(block, label)[0] for _, _, label in chosen]
@@ -131,7 +130,7 @@ def test_painted_labels_run_at_each_step_count_resume_and_fold_into_the_report(t
     assert st.main(argv) == 0  # resumed: nothing painted again
     assert "painting " not in capsys.readouterr().out and [f.stat().st_mtime_ns for f in files] == stamps
 
-    results = st.paint_results()
+    results = st.paint_results(st.Study(run_root=tmp_path))
     assert results["config"] == {"scenes": 1, "seed": st.PAINT_SEED, "sae": "saes/pretrained/toy", "steps": [1, 2],
                                  "strengths": [3.0]}
     assert [(e["block"], e["feature"], e["label"]) for e in results["features"]] == chosen
@@ -163,7 +162,7 @@ def test_the_causal_side_runs_on_a_base_model_at_its_own_steps_and_guidance(tmp_
     block = "up_blocks.1.attentions.1"
     if library is None or block not in library.blocks:
         pytest.skip("needs the SAEs shipped for the toy model")
-    monkeypatch.setattr(st, "RUN_ROOT", st.RUN_ROOT)  # the commands set the module's run directory
+    study = st.Study(run_root=tmp_path)  # the commands' study: the toy's SAEs, this run directory
     base = str(tiny_toy_base / "pipeline")
     column = "base, 3 steps, CFG 2"
     assert st.base_column(base) == column
@@ -171,13 +170,13 @@ def test_the_causal_side_runs_on_a_base_model_at_its_own_steps_and_guidance(tmp_
     assert st.main(["causal", "--base", base, "--limit", "1", "--out", str(tmp_path)]) == 0
     run = json.loads((tmp_path / "riebench" / "base" / "run.json").read_text())
     assert run["run"]["model"] == base and run["run"]["steps"] == 3
-    causal = st.causal_results(base)
+    causal = st.causal_results(study, base)
     assert list(causal) == ["1", "2", "4", column] and causal[column]["failed"] == 0
     for label, categories in causal[column].items():
         if label != "failed":
             assert set(categories) == {"change colour", "change texture", "change shape"}
             assert all(c["n"] == 1 and 0 <= c["success"] <= 1 for c in categories.values())
-    assert list(st.causal_results()) == ["1", "2", "4"]  # without --base, the toy's columns only
+    assert list(st.causal_results(study)) == ["1", "2", "4"]  # without --base, the toy's columns only
     assert f"| {column}: success / preservation |" in st.causal_table({"causal": causal})
 
     argv = ["paint", "--base", base, "--block", block, "--scenes", "1", "--steps", "1", "--strength", "3",
@@ -187,10 +186,10 @@ def test_the_causal_side_runs_on_a_base_model_at_its_own_steps_and_guidance(tmp_
     painted = json.loads((tmp_path / "paint" / "base" / f"{block}-s3.json").read_text())
     assert (painted["config"]["steps"], painted["config"]["column"]) == (3, column)
     assert st.main(argv) == 0 and "painting " not in capsys.readouterr().out  # resumed
-    results = st.paint_results(base)
+    results = st.paint_results(study, base)
     assert list(results["scores"]) == ["1", column] and results["config"]["base"] == [column]
     assert f"| 3 | {column} |" in st.paint_summary_table({"paint": results})
-    assert list(st.paint_results()["scores"]) == ["1"]
+    assert list(st.paint_results(study)["scores"]) == ["1"]
     assert column in st._on_base(results["scores"]) and st._on_base({"1": {}, "2": {}}) == ""
 
 
@@ -265,8 +264,6 @@ def test_another_one_step_models_saes_get_files_and_results_of_their_own_and_a_w
     riebench/, paint/, the results and the docs tables) is its own, and the toy's names stay as they were."""
     import experiments.step_transfer as st
 
-    for name in ("MODEL", "SAE_ROOT", "SETTINGS", "RUN_ROOT"):  # the commands set them; restored after
-        monkeypatch.setattr(st, name, getattr(st, name))
     for wrong, says in (("toy-base", "not an embedded one-step model"), ("sdxl-turbo", "not an embedded one-step"),
                         ("toy-v3", "not an embedded one-step model"), ("nope", "not an embedded one-step")):
         assert st.main(["report", "--model", wrong, "--out", str(tmp_path)]) == 2
@@ -283,14 +280,15 @@ def test_another_one_step_models_saes_get_files_and_results_of_their_own_and_a_w
     assert "is missing: run `python -m experiments.step_transfer run --model toy-v2`" in err and "Traceback" not in err
     assert not any(tmp_path.iterdir())
 
-    assert st.MODEL == "toy-v2" and st.SAE_ROOT == st.REPO / "saes" / "pretrained" / "toy-v2"
-    assert st.SETTINGS["4 steps, CFG 5, uncond"].slug == "toy-v2-steps4-g5-uncond"
-    assert st._sae_dir("measured") == tmp_path / "measured-toy-v2"
-    assert st.results_stem() == "step_transfer_toy_v2"
-    assert st.docs_markers() == ("<!-- step-transfer toy-v2 -->", "<!-- /step-transfer toy-v2 -->")
-    st.use_model("toy")
-    assert st.SETTINGS["4 steps"].slug == "steps4-g0-cond" and st._sae_dir("paint") == tmp_path / "paint"
-    assert (st.results_stem(), st.docs_markers()[0]) == ("step_transfer", "<!-- step-transfer -->")
+    study = st.Study.of("toy-v2", tmp_path)  # what the commands above were given, passed explicitly
+    assert study.model == "toy-v2" and study.sae_root == st.REPO / "saes" / "pretrained" / "toy-v2"
+    assert study.settings["4 steps, CFG 5, uncond"].slug == "toy-v2-steps4-g5-uncond"
+    assert study.sae_dir("measured") == tmp_path / "measured-toy-v2"
+    assert study.results_stem() == "step_transfer_toy_v2"
+    assert study.docs_markers() == ("<!-- step-transfer toy-v2 -->", "<!-- /step-transfer toy-v2 -->")
+    study = st.Study.of("toy", tmp_path)
+    assert study.settings["4 steps"].slug == "steps4-g0-cond" and study.sae_dir("paint") == tmp_path / "paint"
+    assert (study.results_stem(), study.docs_markers()[0]) == ("step_transfer", "<!-- step-transfer -->")
 
 
 def test_both_halves_of_a_guided_generation_are_captured_from_one_generation_as_from_two(toy_t2i):

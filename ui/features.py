@@ -141,8 +141,22 @@ class FeaturesTab:
     def models(self) -> list[str]:
         return [self.bench.model_name, *(m for m in self.lm_sets if m != self.bench.model_name)]
 
+    def kind(self, model) -> str:
+        """The kind of the model picked (`interp.names`): the workbench's image model (no choice yet is that model;
+        the app's --model is a text-to-image model: `app.check_arguments` asks its spec) or a language model whose
+        card set is listed (its SAEs read an LM hook: `lm_card_sets`); anything else is one line."""
+        from interp.names import LM, T2I
+
+        if not model or model == self.bench.model_name:
+            return T2I
+        if model in self.lm_sets:
+            return LM
+        raise ValueError(f"choose a model: one of {', '.join(self.models())}")
+
     def is_lm(self, model) -> bool:
-        return bool(model) and model != self.bench.model_name
+        from interp.names import LM
+
+        return self.kind(model) == LM
 
     def lm_payload(self, model: str, block: str) -> dict:
         """The feature cards of the model's SAE at this hook (read once per version of the file)."""

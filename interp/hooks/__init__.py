@@ -43,7 +43,8 @@ from .diffusion import (
     resolve_blocks,
     run_pipeline,
 )
-from ..names import LM
+from ..models.protocol import register_sessions
+from ..names import LM, T2I
 from .scoped import ScopedHooks
 
 __all__ = [
@@ -61,9 +62,9 @@ __all__ += list(_lm_all)
 
 
 def model_kind(model) -> str:
-    """``"lm"`` or ``"t2i"``: `interp.models.spec.kind_of`, the one place that decides it, with its refusal as
-    a HookError."""
-    from ..models.spec import kind_of
+    """``"lm"`` or ``"t2i"``: `interp.models.protocol.kind_of` (a loaded model says its kind; a bare one is told
+    by what it has), with its refusal as a HookError."""
+    from ..models.protocol import kind_of
 
     try:
         return kind_of(model)
@@ -92,7 +93,20 @@ def intervene(model, edits, **options):
     the residual stream, `apply_lm_edits(model, edits, **options)` (``saes``, ``prompt_length``).
     """
     if model_kind(model) == LM:
-        from .lm_steer import apply_lm_edits
-
-        return apply_lm_edits(lm.language_model(model), edits, **options)
+        return _intervene_lm(model, edits, **options)
     return apply_edits(model, edits, **options)
+
+
+def _lm_sites(model) -> list[str]:
+    return lm.residual_hook_names(model.n_layers, lm.model_sites(model))
+
+
+def _intervene_lm(model, edits, **options):
+    from .lm_steer import apply_lm_edits
+
+    return apply_lm_edits(lm.language_model(model), edits, **options)
+
+
+# A loaded model's capture / intervene (`interp.models.protocol.LoadedModel`) are these sessions.
+register_sessions(LM, lm.residual_capture, _intervene_lm, _lm_sites)
+register_sessions(T2I, capture_updates, apply_edits)

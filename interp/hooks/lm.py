@@ -26,12 +26,12 @@ loaded `interp.models.lm.LanguageModel` or of a bare (also peft-wrapped) Hugging
 
 from __future__ import annotations
 
-import re
 from typing import Iterable, Sequence
 
 import torch
 
 from ..lm_text import strip_trailing_punctuation
+from ..names import LM_HOOK, is_lm_hook  # noqa: F401 - is_lm_hook: also named here
 from .lm_sites import LMHookError, lm_sites, register_stream_hooks
 from .scoped import ScopedHooks
 
@@ -41,12 +41,7 @@ RESIDUAL_HOOKS = ("resid_pre", "resid_mid", "resid_post")
 # feature_input_hook / feature_output_hook of its llama transcoders) -> the site table's kinds
 # (`register_stream_hooks`). (A HookedTransformer's ln2.hook_normalized is before the norm's gain and bias.)
 MLP_HOOKS = {"mlp.hook_in": "mlp_in", "mlp.hook_out": "mlp_out"}
-_NAME = re.compile(r"^blocks\.(\d+)\.(hook_resid_pre|hook_resid_mid|hook_resid_post|mlp\.hook_in|mlp\.hook_out)$")
-
-
-def is_lm_hook(name) -> bool:
-    """Whether ``name`` is one of a language model's hook names (a residual site or the MLP side's input/output)."""
-    return isinstance(name, str) and _NAME.match(name) is not None
+_NAME = LM_HOOK  # the names' one pattern (`interp.names`; `is_lm_hook` is named here too)
 
 
 def mlp_hook_names(layer: int) -> tuple[str, str]:
@@ -137,7 +132,7 @@ def language_model(model):
     it in) or a bare TransformerLens ``HookedTransformer``. A bare model has no tokenizer (``tokenizer`` None)."""
     from ..models.language_model import LanguageModel, hf_n_ctx, lm_form
 
-    form = lm_form(model)  # the one duck typing of a loaded LM (`interp.models.spec.kind_of` asks it too)
+    form = lm_form(model)  # the one duck typing of a bare LM (`interp.models.protocol`; kind_of asks it too)
     if form == "loaded":
         return model
     name = type(model).__name__

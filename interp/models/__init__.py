@@ -7,10 +7,12 @@ import importlib
 
 _EXPORTS = {"LanguageModel": "lm", "LMError": "lm", "embedded_lms": "lm", "load_lm": "lm",
             "KNOWN_MODELS": "t2i", "SDXL_BLOCKS": "t2i", "TOY_BLOCKS": "t2i", "BlockInfo": "t2i", "ModelError": "t2i",
-            "T2IModel": "t2i", "block_info": "t2i", "default_blocks": "t2i", "load_t2i": "t2i"}
+            "T2IModel": "t2i", "block_info": "t2i", "default_blocks": "t2i", "load_t2i": "t2i",
+            "ModelSpec": "spec", "model_spec": "spec", "LoadedModel": "protocol", "kind_of": "protocol"}
 
-__all__ = ["KNOWN_MODELS", "SDXL_BLOCKS", "TOY_BLOCKS", "BlockInfo", "LMError", "LanguageModel", "ModelError",
-           "T2IModel", "block_info", "default_blocks", "embedded_lms", "load_lm", "load_t2i"]
+__all__ = ["KNOWN_MODELS", "SDXL_BLOCKS", "TOY_BLOCKS", "BlockInfo", "LMError", "LanguageModel", "LoadedModel",
+           "ModelError", "ModelSpec", "T2IModel", "block_info", "default_blocks", "embedded_lms", "kind_of", "load_lm",
+           "load_t2i", "model_spec"]
 
 
 def __getattr__(name: str):

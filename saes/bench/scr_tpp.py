@@ -448,9 +448,10 @@ def average(results: dict[str, dict[str, float]]) -> dict[str, float]:
 
 def check_inputs(sae, lm, hook: str, config: ScrTppConfig) -> None:
     from interp.hooks.lm import parse_hook_name
+    from interp.names import LM
 
     config.check()
-    if getattr(lm, "d_model", None) is None or not hasattr(lm, "tokenizer"):
+    if getattr(lm, "kind", None) != LM or getattr(lm, "tokenizer", None) is None:  # the protocol's kind
         raise ScrTppError("SCR and TPP are LM metrics: the model is not a language model")
     parse_hook_name(hook, lm.n_layers)
     if sae.cfg.d_in != lm.d_model:

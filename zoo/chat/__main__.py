@@ -31,7 +31,7 @@ def _world(argv: list[str]) -> int:
 def _train(argv: list[str]) -> int:
     from .recipe import cli
 
-    return cli(argv)
+    return cli(argv, prog="python -m zoo.chat train")
 
 
 def _evaluate(argv: list[str]) -> int:

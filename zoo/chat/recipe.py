@@ -118,36 +118,17 @@ def completion_loss(model, ids: torch.Tensor, labels: torch.Tensor) -> torch.Ten
 
 # --------------------------------------------------------------------------- generation and evaluation
 
-@torch.no_grad()
 def greedy_complete(model, tokenizer, prompts: list[str], max_new_tokens: int = 24, batch_size: int = 64) -> list[str]:
-    """Greedy completions of chat-formatted prompts, decoded up to ``</s>``.
+    """Greedy completions of chat-formatted prompts, decoded up to ``</s>``: the workbench's one greedy decoder
+    (`interp.models.generation.greedy_generate`: left-padded batches with a KV cache).
 
-    Left padding with explicit position ids, so a padded prompt is computed exactly as alone.
+    The recipe had a decoder of its own (a full forward pass per new token); on every shipped chat model's own
+    evaluation prompts (13 models x 760 prompts) the two give the same completions, not one differing
+    (`python -m benchmarks.chat_decoder_parity`), so the shipped evaluations are what this computes.
     """
-    model.eval()
-    outputs = []
-    for start in range(0, len(prompts), batch_size):
-        encoded = [tokenizer(format_chat(p), add_special_tokens=False)["input_ids"] for p in prompts[start:start + batch_size]]
-        width = max(map(len, encoded))
-        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(e)) + e for e in encoded])
-        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
-        done = torch.zeros(len(encoded), dtype=torch.bool)
-        new_tokens = []
-        for _ in range(max_new_tokens):
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
-            next_ids = logits.argmax(-1).masked_fill(done, tokenizer.pad_token_id)
-            new_tokens.append(next_ids)
-            done |= next_ids == tokenizer.eos_token_id
-            ids = torch.cat([ids, next_ids[:, None]], 1)
-            mask = torch.cat([mask, torch.ones_like(next_ids)[:, None]], 1)
-            if done.all():
-                break
-        for row in torch.stack(new_tokens, 1).tolist():
-            if tokenizer.eos_token_id in row:
-                row = row[:row.index(tokenizer.eos_token_id)]
-            outputs.append(tokenizer.decode([t for t in row if t != tokenizer.pad_token_id]).strip())
-    return outputs
+    from interp.models.generation import greedy_generate
+
+    return greedy_generate(model, tokenizer, [format_chat(p) for p in prompts], max_new_tokens, batch_size=batch_size)
 
 
 def normalise(text: str) -> str:
@@ -339,7 +320,8 @@ def saved_model_dir(name: str | os.PathLike) -> Path:
     text = str(name)
     directory = embedded_lms().get(text)  # an embedded name, as the core's one table maps it to its folder
     if directory is None:
-        directory = WEIGHTS_DIR / text if "/" not in text and (WEIGHTS_DIR / text).is_dir() else Path(text).expanduser()
+        shipped = WEIGHTS_DIR / text  # a folder of the weights directory by its own name, else a path
+        directory = shipped if shipped.parent == WEIGHTS_DIR and shipped.is_dir() else Path(text).expanduser()
     if not directory.is_dir():
         shipped = sorted(d.name for d in shipped_model_dirs())
         raise ValueError(f"no chat model {str(name)!r}: not a directory, nor one of the shipped models "
@@ -504,12 +486,13 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def cli(argv: list[str] | None = None) -> int:
-    """The recipe's command line, through the CLIs' one error map (a bad value: one line and exit 2; Ctrl-C: 130)."""
+def cli(argv: list[str] | None = None, prog: str = "python -m zoo.chat.recipe") -> int:
+    """The recipe's command line, through the CLIs' one error map (a bad value: one line and exit 2; Ctrl-C: 130);
+    prog: the usage line's command (`python -m zoo.chat train` when zoo.chat's table runs it)."""
     from interp.cli import run_command
     from interp.shipped import add_overwrite_options
 
-    parser = argparse.ArgumentParser(prog="python -m zoo.chat.recipe", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = add_overwrite_options(parser).parse_args(argv)
     args.run = main

@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from ..registry import BenchOptions, EvalResult, EvalType, register_eval
+from ..registry import BenchOptions, EvalResult, EvalType, made_in_the_chat_world, register_eval
 
 EVAL_TYPE_ID = "core"
 FLOAT_DIGITS = 6  # SAEBench rounds per-feature details to DEFAULT_FLOAT_PRECISION (6)
@@ -270,7 +270,7 @@ def held_out_documents(options: BenchOptions, tokenizer) -> tuple[list[str], str
 
     if options.text is not None:
         return read_documents(options.text), str(options.text)
-    if options.model_name.startswith("toy-chat"):
+    if made_in_the_chat_world(options.model_name):
         from zoo.chat.world import World, WorldConfig
 
         rows = World(WorldConfig(seed=0)).mixture("held_out", 2000, {"general": 0.6, "harmful": 0.2, "benign": 0.2},

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from ..registry import BenchOptions, EvalResult, EvalType, register_eval
+from ..registry import BenchOptions, EvalResult, EvalType, made_in_the_chat_world, register_eval
 
 EVAL_TYPE_ID = "sparse_probing"
 DEFAULT_KS = (1, 2, 5, 10, 20)
@@ -108,7 +108,7 @@ def _read_file(path: Path) -> dict[str, list[str]]:
 
 def dataset_names(options: BenchOptions) -> list[str]:
     if options.dataset is None:
-        if options.model_name.startswith("toy-chat"):
+        if made_in_the_chat_world(options.model_name):
             return ["chat_world_kind", "chat_world_task"]
         raise ValueError(f"sparse probing needs labelled text for {options.model_name}: pass --dataset FILE[,FILE] "
                          f"(Dolly JSONL, XSTest CSV, {{text, label}} JSONL; see docs/saebench.md)")
