@@ -297,9 +297,9 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     features = torch.cat(feature_rows) if feature_rows else torch.zeros(0, 3, dtype=torch.long)
     n_features = len(features)
     if n_features > MAX_FEATURE_NODES:
-        raise GraphError(f"the prompt has {n_features} active features, more than {MAX_FEATURE_NODES} (a dense graph "
-                         "of them would not fit): give a shorter prompt, or --max-feature-nodes to visit the most "
-                         "influential ones only")
+        raise GraphError(f"the prompt has {n_features} active features, more than {MAX_FEATURE_NODES} (every active "
+                         "feature is a source of the dense graph, whatever the feature-node budget): give a shorter "
+                         "prompt")
     activations = torch.stack([state[int(l)]["acts"][int(p), int(f)] for l, p, f in features.tolist()]) \
         if n_features else torch.zeros(0, dtype=cdt)
     layer_slices, start = [], 0
