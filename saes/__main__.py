@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     from .lm_features import features_command
     from .report import add_probe_arguments, add_report_arguments, probe_command, report_command
     from .train import add_train_arguments, train_command
+    from .transcoder_set import add_arguments as add_transcoder_set_arguments
+    from .transcoder_set import command as transcoder_set_command
 
     for name, help_text, add_arguments, command in (
         ("train", "train an SAE on one block of an activation store (resumable)", add_train_arguments, train_command),
@@ -62,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
          add_bench_arguments, bench_command),
         ("graph", "a prompt's attribution graph from per-layer transcoders (circuit-tracer's JSON), and feature "
                   "ablations beside its predictions", add_graph_arguments, graph_command),
+        ("train-transcoders", "a transcoder for every layer of an LM, all trained side by side from one forward pass "
+                              "per chunk of text (resumable)", add_transcoder_set_arguments, transcoder_set_command),
         ("transcoder-eval", "the replacement model's fidelity with every MLP replaced by its transcoder (CE "
                             "recovered, KL)", add_fidelity_arguments, fidelity_command),
     ):

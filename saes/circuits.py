@@ -149,7 +149,12 @@ def tokenize_prompt(lm, prompt: str, chat: bool = False) -> list[int]:
         text = format_prompts(lm.tokenizer, [prompt], chat_template=True)[0]
         ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
-        ids = lm.tokenizer(prompt)["input_ids"]
+        from interp.lm_text import start_token
+
+        # led by the start token, as the transcoders' training sequences are (interp.lm_text.token_sequences):
+        # a tokenizer that does not add one (SmolLM2's) would make the first word the attention sink
+        start, added = start_token(lm.tokenizer)
+        ids = lm.tokenizer(prompt)["input_ids"] if added else [start] + lm.tokenizer(prompt)["input_ids"]
     if len(ids) > lm.n_ctx:
         raise GraphError(f"the prompt has {len(ids)} tokens, past the model's context of {lm.n_ctx}")
     return list(ids)
@@ -185,14 +190,16 @@ def _unembedding(lm) -> tuple[torch.Tensor, float]:
 
 def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=None, *, max_n_logits: int = 10,
               desired_logit_prob: float = 0.95, batch_size: int = 32, zero_bos: bool = True, chat: bool = False,
-              max_feature_nodes: int | None = None, model_name: str = "", scan: str = "") -> AttributionGraph:
+              max_feature_nodes: int | None = None, model_name: str = "", scan: str = "",
+              progress=None) -> AttributionGraph:
     """The attribution graph of ``prompt`` (text, or token ids) for its next token.
 
     ``targets``: logit targets (token strings or ids); None: circuit-tracer's choice, the most probable tokens
     until their probabilities add up to ``desired_logit_prob`` (at most ``max_n_logits``). ``zero_bos``: no
     features at position 0 (the start token, which transcoders never see in training; its MLP output is an
     error node), as circuit-tracer does. ``max_feature_nodes``: at most this many feature nodes, visited in order of
-    their running influence on the logits (circuit-tracer's option; the others are left out of the graph)."""
+    their running influence on the logits (circuit-tracer's option; the others are left out of the graph).
+    ``progress(rows done, rows in all)``: called before each backward pass; it may raise (a Cancel) to stop."""
     if not 1 <= max_n_logits <= MAX_LOGITS:
         raise GraphError(f"max_n_logits must be in 1..{MAX_LOGITS}, got {max_n_logits}")
     if not 0 < desired_logit_prob <= 1:
@@ -254,8 +261,11 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     rows_per_pass = batch_size
     input_ids = torch.tensor([ids] * rows_per_pass, device=device)
     lm.model.eval()
-    with replacement_pass(lm, replace) as session:
-        output = lm.model(input_ids=input_ids)
+    import inspect
+
+    keep_last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(lm.model.forward).parameters else {}
+    with replacement_pass(lm, replace, same_rows=True) as session:
+        output = lm.model(input_ids=input_ids, **keep_last)
         session.check_frozen()
         logits = output.logits[0, -1].detach().to(cdt)
         embeddings = session.embeddings
@@ -263,7 +273,7 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
         mlp_inputs = [session.mlp_inputs[layer] for layer in range(n_layers)]
         final = session.final
     with torch.no_grad():
-        real = lm.model(input_ids=input_ids[:1]).logits[0, -1].to(cdt)
+        real = lm.model(input_ids=input_ids[:1], **keep_last).logits[0, -1].to(cdt)
     drift = float((real - logits).abs().max())
     if drift > 1e-3 * (1 + float(real.abs().max())):
         raise GraphError(f"the replacement model's logits differ from the model's by {drift:.3g}: the frozen pass "
@@ -287,9 +297,9 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     features = torch.cat(feature_rows) if feature_rows else torch.zeros(0, 3, dtype=torch.long)
     n_features = len(features)
     if n_features > MAX_FEATURE_NODES:
-        raise GraphError(f"the prompt has {n_features} active features, more than {MAX_FEATURE_NODES} (a dense graph "
-                         "of them would not fit): give a shorter prompt, or --max-feature-nodes to visit the most "
-                         "influential ones only")
+        raise GraphError(f"the prompt has {n_features} active features, more than {MAX_FEATURE_NODES} (every active "
+                         "feature is a source of the dense graph, whatever the feature-node budget): give a shorter "
+                         "prompt")
     activations = torch.stack([state[int(l)]["acts"][int(p), int(f)] for l, p, f in features.tolist()]) \
         if n_features else torch.zeros(0, dtype=cdt)
     layer_slices, start = [], 0
@@ -305,8 +315,14 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     adjacency = torch.zeros(n_nodes, n_nodes, dtype=cdt)
     logit_start = n_nodes - n_logits
 
+    total_rows = n_logits + min(n_features, limit)
+    rows_done = [0]
+
     def rows_for(targets_scalar: torch.Tensor, upto_layer: int, n_rows: int) -> torch.Tensor:
         """(n_rows, n_sources) direct effects of every source before ``upto_layer`` (n_layers: all)."""
+        if progress is not None:
+            progress(rows_done[0], total_rows)
+        rows_done[0] += n_rows
         inputs = [embeddings] + anchors[:upto_layer]
         grads = torch.autograd.grad(targets_scalar, inputs, retain_graph=True, allow_unused=True)
         out = torch.zeros(n_rows, logit_start, dtype=cdt)
@@ -336,21 +352,26 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
     feature_inputs = torch.zeros(n_features, dtype=cdt)
 
     def feature_rows(indices: torch.Tensor) -> None:
-        for layer in indices_layers(indices):
-            chosen = indices[features[indices, 0] == layer]
-            tc = transcoders[layer]
-            for start in range(0, len(chosen), rows_per_pass):
-                idx = chosen[start:start + rows_per_pass]
-                n = len(idx)
-                encoders = tc.W_enc[:, features[idx, 2]].T.to(mlp_inputs[layer].dtype)  # (n, d)
-                picked = mlp_inputs[layer][torch.arange(n), features[idx, 1]]  # (n, d)
-                values = (picked * encoders).sum(-1)
-                feature_inputs[idx] = values.detach().to(cdt)
-                adjacency[idx] = torch.cat([rows_for(values.sum(), layer, n),
-                                            torch.zeros(n, n_logits, dtype=cdt)], 1)
-
-    def indices_layers(indices: torch.Tensor) -> list[int]:
-        return sorted(set(features[indices, 0].tolist()))
+        """Rows of these features, in full batches of ``rows_per_pass`` (one backward pass each): features in
+        layer order, so a batch reaches back only as far as its deepest layer (a row of an earlier layer gets
+        zero from the layers at and after its own: no path leads there)."""
+        indices = indices[torch.argsort(features[indices, 0], stable=True)]
+        for start in range(0, len(indices), rows_per_pass):
+            idx = indices[start:start + rows_per_pass]
+            n = len(idx)
+            row_layers = features[idx, 0]
+            values = []
+            for layer in sorted(set(row_layers.tolist())):
+                rows = (row_layers == layer).nonzero().flatten()
+                encoders = transcoders[layer].W_enc[:, features[idx[rows], 2]].T.to(mlp_inputs[layer].dtype)
+                picked = mlp_inputs[layer][rows, features[idx[rows], 1]]  # (rows, d): batch row i for target i
+                values.append((rows, (picked * encoders).sum(-1)))
+            value = torch.zeros(n, dtype=values[0][1].dtype)
+            for rows, v in values:
+                value = value.index_put((rows,), v)
+            feature_inputs[idx] = value.detach().to(cdt)
+            adjacency[idx] = torch.cat([rows_for(value.sum(), int(row_layers.max()), n),
+                                        torch.zeros(n, n_logits, dtype=cdt)], 1)
 
     visited = torch.zeros(n_features, dtype=torch.bool)
     if n_features <= limit:
@@ -362,7 +383,7 @@ def attribute(lm, transcoders: dict[int, SAE], prompt: str | list[int], targets=
         weights = torch.zeros(n_nodes, dtype=cdt)
         weights[logit_start:] = probabilities[target_ids].to(cdt)
         while int(visited.sum()) < limit:
-            influence = total_influence(normalize_matrix(adjacency), weights)[:n_features]
+            influence = _visited_influence(adjacency, weights, visited, logit_start)[:n_features]
             influence[visited] = -1
             take = min(4 * rows_per_pass, limit - int(visited.sum()))
             chosen = torch.argsort(influence, descending=True)[:take]
@@ -407,6 +428,24 @@ def total_influence(normalized: torch.Tensor, weights: torch.Tensor, max_iterati
         if not current.any():
             return influence
         influence += current
+    raise GraphError("influence did not converge: the adjacency matrix is not a DAG")
+
+
+def _visited_influence(adjacency: torch.Tensor, weights: torch.Tensor, visited: torch.Tensor,
+                       logit_start: int) -> torch.Tensor:
+    """total_influence(normalize_matrix(adjacency), weights) while only the visited features' rows and the logits'
+    rows are filled (every other row is zero, so only those rows carry influence on): the same numbers from a
+    (rows x nodes) matrix instead of (nodes x nodes)."""
+    rows = torch.cat([visited.nonzero().flatten(), torch.arange(logit_start, adjacency.shape[0])])
+    normalized = normalize_matrix(adjacency[rows])
+    current = weights[rows]
+    influence = torch.zeros_like(weights)
+    for _ in range(1000):
+        spread = current @ normalized
+        influence += spread
+        current = spread[rows]
+        if not current.any():
+            return influence
     raise GraphError("influence did not converge: the adjacency matrix is not a DAG")
 
 
@@ -633,7 +672,67 @@ def real_effects(lm, graph: AttributionGraph, transcoders: dict[int, SAE], nodes
     return (edited[targets] - edited.mean()) - (clean[targets] - clean.mean())
 
 
-def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[int]], batch_size: int = 8) -> dict:
+def replacement_effects(lm, graph: AttributionGraph, transcoders: dict[int, SAE], nodes: list[int],
+                        scale: float = 0.0) -> torch.Tensor:
+    """(n_logits,) as `real_effects`, in the replacement model instead of the real one: every MLP's output is its
+    transcoder's (features re-encoded from the live MLP input, so they switch on and off) plus the graph's error
+    at that layer and position, held fixed; attention and norms live (not frozen). Between the graph's linear
+    prediction and the real model's change, it says which part of a disagreement the transcoders make (the real
+    MLPs respond otherwise) and which the frozen linear graph makes."""
+    from interp.hooks.lm_replace import MLPOutputEdit
+
+    ids = torch.tensor([graph.tokens], device=next(lm.model.parameters()).device)
+    errors: dict[int, torch.Tensor] = {}
+
+    def record(layer):
+        def edit(x, y):
+            errors[layer] = y[0].double() - _transcoder_output(transcoders[layer], x[0], graph.info.get("zero_bos",
+                                                                                                      True))
+            return y
+        return edit
+
+    with torch.no_grad(), MLPOutputEdit(lm, {layer: record(layer) for layer in range(lm.n_layers)}):
+        clean = lm.model(input_ids=ids).logits[0, -1].double()
+    changes: dict[int, list[tuple[int, int, float]]] = {}
+    for node in nodes:
+        if not 0 <= node < graph.n_features:
+            raise GraphError(f"node {node} is not a feature node (features are 0..{graph.n_features - 1})")
+        layer, pos, feat = graph.features[node].tolist()
+        changes.setdefault(layer, []).append((pos, feat, scale))
+
+    def replaced(layer):
+        def edit(x, y):
+            tc = transcoders[layer]
+            acts = _transcoder_acts(tc, x[0], graph.info.get("zero_bos", True))
+            for pos, feat, factor in changes.get(layer, []):
+                acts[pos, feat] = acts[pos, feat] * factor
+            out = acts @ tc.W_dec.double() + tc.b_dec.double()
+            skip = tc.skip_output(x[0].double())
+            out = out if skip is None else out + skip.double()
+            return (out + errors[layer]).to(y.dtype)[None]
+        return edit
+
+    with torch.no_grad(), MLPOutputEdit(lm, {layer: replaced(layer) for layer in range(lm.n_layers)}):
+        edited = lm.model(input_ids=ids).logits[0, -1].double()
+    targets = graph.logit_tokens
+    return (edited[targets] - edited.mean()) - (clean[targets] - clean.mean())
+
+
+def _transcoder_acts(tc: SAE, x: torch.Tensor, zero_bos: bool) -> torch.Tensor:
+    acts = tc.encode(x).double()
+    if zero_bos:
+        acts[0] = 0
+    return acts
+
+
+def _transcoder_output(tc: SAE, x: torch.Tensor, zero_bos: bool) -> torch.Tensor:
+    out = _transcoder_acts(tc, x, zero_bos) @ tc.W_dec.double() + tc.b_dec.double()
+    skip = tc.skip_output(x.double())
+    return out if skip is None else out + skip.double()
+
+
+def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[int]], batch_size: int = 8,
+                         layers: list[int] | None = None) -> dict:
     """The replacement model's next-token fidelity with every MLP replaced by its transcoder at positions 1..
     (the start token keeps its MLP, as in training): CE of the clean model, the replaced one and one with every
     MLP's output zeroed there; CE recovered = (CE_zero - CE_replaced) / (CE_zero - CE_clean); KL(clean || replaced).
@@ -643,7 +742,8 @@ def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[i
 
     if not sequences:
         raise GraphError("no sequence of at least 3 tokens to score")
-    missing = [layer for layer in range(lm.n_layers) if layer not in transcoders]
+    layers = list(range(lm.n_layers)) if layers is None else list(layers)
+    missing = [layer for layer in layers if layer not in transcoders]
     if missing:
         raise GraphError(f"no transcoder for layer(s) {', '.join(map(str, missing))}")
 
@@ -670,9 +770,9 @@ def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[i
 
         with torch.no_grad():
             clean = logprobs()
-            with MLPOutputEdit(lm, {layer: replaced(transcoders[layer]) for layer in range(lm.n_layers)}):
+            with MLPOutputEdit(lm, {layer: replaced(transcoders[layer]) for layer in layers}):
                 repl = logprobs()
-            with MLPOutputEdit(lm, {layer: zeroed for layer in range(lm.n_layers)}):
+            with MLPOutputEdit(lm, {layer: zeroed for layer in layers}):
                 zero = logprobs()
         for name, logp in (("clean", clean), ("replaced", repl), ("zero", zero)):
             sums[f"ce_{name}"] += float(-logp.gather(-1, targets[..., None])[..., 0][scored].double().sum())
@@ -685,7 +785,8 @@ def replacement_fidelity(lm, transcoders: dict[int, SAE], sequences: list[list[i
             "ce_loss_replaced": means["ce_replaced"], "ce_loss_mlps_zeroed": means["ce_zero"],
             "ce_recovered": (means["ce_zero"] - means["ce_replaced"]) / gap if abs(gap) > 1e-12 else None,
             "kl_clean_replaced": means["kl_replaced"], "kl_clean_mlps_zeroed": means["kl_zero"],
-            "replaced": "every layer's MLP output at positions 1.. (the start token keeps its MLP)"}
+            "replaced": ("every layer's" if len(layers) == lm.n_layers else f"layer(s) {layers}'s")
+            + " MLP output at positions 1.. (the start token keeps its MLP)"}
 
 
 def top_feature_nodes(graph: AttributionGraph, n: int, pruned: Pruned | None = None) -> list[int]:
@@ -715,7 +816,8 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 
 __all__ = ["AttributionGraph", "GraphError", "Pruned", "attribute", "graph_json", "graph_scores",
-           "load_transcoders", "normalize_matrix", "predicted_effects", "prune", "real_effects", "replacement_fidelity", "spearman",
+           "load_transcoders", "normalize_matrix", "predicted_effects", "prune", "real_effects", "replacement_effects",
+           "replacement_fidelity", "spearman",
            "tokenize_prompt", "top_feature_nodes", "total_influence", "write_graph_files"]
 
 
@@ -795,6 +897,9 @@ def add_fidelity_arguments(parser) -> None:
     parser.add_argument("--tokens", type=at_least(1), default=20000, help="scored tokens (at most)")
     parser.add_argument("--context", type=at_least(3), default=128)
     add_out_argument(parser, required=True, help="fidelity JSON")
+    parser.add_argument("--per-layer-tokens", type=int, default=0, metavar="N",
+                        help="also each layer replaced alone (the others real), on the first N scored tokens "
+                             "(0: not measured; at most --tokens)")
     parser.add_argument("--threads", type=at_least(1), default=1)
     add_dtype_argument(parser)
 
@@ -807,6 +912,8 @@ def fidelity_command(args) -> int:
     from .lm_eval import scored_sequences
     from .strict_json import dumps, write_json
 
+    if not 0 <= args.per_layer_tokens <= args.tokens:
+        raise GraphError(f"--per-layer-tokens must be in 0..--tokens ({args.tokens}), got {args.per_layer_tokens}")
     torch.set_num_threads(args.threads)
     documents = read_documents(args.text)
     lm = load_lm(args.model, dtype=parse_dtype(args.dtype, default=LM_DTYPE))
@@ -816,6 +923,16 @@ def fidelity_command(args) -> int:
               **replacement_fidelity(lm, transcoders, sequences)}
     result["per_layer"] = {str(layer): {k: tc.cfg.metadata.get(k) for k in ("trained_tokens",)}
                            for layer, tc in transcoders.items()}
+    if args.per_layer_tokens:
+        few = scored_sequences(token_sequences(lm.tokenizer, documents, min(args.context, lm.n_ctx)),
+                               args.per_layer_tokens)
+        for layer in sorted(transcoders):
+            alone = replacement_fidelity(lm, transcoders, few, layers=[layer])
+            result["per_layer"][str(layer)].update(
+                {k: alone[k] for k in ("scored_tokens", "ce_loss_clean", "ce_loss_replaced", "ce_loss_mlps_zeroed",
+                                       "ce_recovered", "kl_clean_replaced", "kl_clean_mlps_zeroed")})
+            print(f"layer {layer} alone: CE recovered {alone['ce_recovered']:.3f}, KL {alone['kl_clean_replaced']:.4f}",
+                  flush=True)
     write_json(args.out, result, indent=2)
     print(dumps({k: v for k, v in result.items() if k != "per_layer"}, indent=1))
     return 0

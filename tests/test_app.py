@@ -713,3 +713,25 @@ def test_browser_runs_a_few_vcl_steps_and_cancels_cleanly(page):
     page.locator("#vcl-curves .js-plotly-plot").wait_for(timeout=30_000)
     assert "(not run)" in page.locator("#vcl-table").inner_text()  # cancelled: no after-training evaluation
     page.screenshot(path=str(SCREENSHOTS / "vcl.png"), full_page=True)
+
+
+@needs_chromium
+def test_browser_circuits_tab_builds_a_graph_shows_a_card_and_intervenes(page):
+    """The Circuits tab on the shipped toy-chat transcoders: the graph of the sort example's first answer token is
+    drawn, a row of the kept features opens its card, and ablating it shows the real change beside the graph's."""
+    open_tab(page, "Circuits")
+    page.locator("#circuits-budget input").fill("64")
+    page.locator("#circuits-run").click()
+    wait_until(page, text_includes("#circuits-status", "Replacement score"), 120_000, "#circuits-status")
+    assert "'7'" in page.locator("#circuits-status").inner_text()
+    page.locator("#circuits-plot .js-plotly-plot").wait_for(timeout=30_000)
+    wait_until(page, text_includes("#circuits-card", "Node"), 30_000, "#circuits-card")
+    page.locator('#circuits-table [data-testid="cell-1-0"]').click()
+    wait_until(page, "(document.querySelector('#circuits-nodes textarea')?.value ?? '').includes(',')", 30_000,
+               "#circuits-nodes")
+    page.locator("#circuits-intervene").click()
+    wait_until(page, text_includes("#circuits-effects-status", "ablated"), 60_000, "#circuits-effects-status")
+    page.screenshot(path=str(SCREENSHOTS / "circuits.png"), full_page=True)
+    page.locator("#circuits-nodes textarea").fill("not a node")
+    page.locator("#circuits-intervene").click()
+    page.get_by_text("is not a feature node of this graph").first.wait_for(timeout=30_000)

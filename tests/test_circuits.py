@@ -11,7 +11,7 @@ import torch
 from flowlens.tiny import tiny_gpt2, tiny_llama, word_level_tokenizer
 from interp.hooks.lm import language_model
 from saes.circuits import (GraphError, attribute, graph_json, load_transcoders, predicted_effects, prune,
-                           real_effects, write_graph_files)
+                           real_effects, replacement_effects, write_graph_files)
 from saes.sae import SAE, SAEConfig
 
 TEXT = "the cat sat on the mat and the dog ran to the door"
@@ -266,6 +266,13 @@ def test_intervention_real_and_predicted_for_a_last_layer_feature():
     assert torch.allclose(real, expected_real, atol=1e-9)
     assert torch.allclose(predicted.double(), expected_linear, atol=1e-9)
     assert (predicted.sign() == real.sign()).float().mean() >= 0.5  # the same edit, seen linearly and for real
+    # these transcoders are the MLPs themselves: the replacement model run forward is the real model, for a feature
+    # of the last layer and for one of the first (whose change reaches the logits through the second MLP)
+    first = next(i for i in range(graph.n_features) if graph.features[i, 0] == 0)
+    for n in (node, first):
+        assert torch.allclose(replacement_effects(lm, graph, tcs, [n], scale=0.5),
+                              real_effects(lm, graph, tcs, [n], scale=0.5), atol=1e-9)
+    assert torch.count_nonzero(replacement_effects(lm, graph, tcs, [])) == 0
     with pytest.raises(GraphError, match="not a feature node"):
         predicted_effects(graph, [graph.n_features])
 
@@ -292,3 +299,40 @@ def test_graph_command_on_the_shipped_toy_chat_transcoders(tmp_path, capsys):
         errors = [line for line in err.splitlines() if line.startswith("error:")]  # (besides transformers' bar)
         assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, err
         assert not (tmp_path / "bad").exists()
+
+
+def test_transcoder_set_trains_every_layer_and_resumes_to_the_same_weights(tmp_path):
+    """`saes train-transcoders`' loop: one transcoder per layer from one forward pass per chunk; a run stopped
+    after its first chunk and resumed ends with the same weights as one that never stopped, and the set loads as
+    a graph's transcoders."""
+    from saes.transcoder_set import TranscoderSetConfig, train_transcoder_set
+
+    lm = _tiny(tiny_llama(40, hidden_size=16, layers=2))
+    ids = lm.tokenizer(TEXT)["input_ids"]
+    sequences = [[2] + ids[i:] + ids[:i] for i in range(8)]  # 8 sequences of 13 trained tokens each
+    config = dict(d_sae=32, k=4, batch_size=16, chunk_tokens=26, epochs=2, dead_after_tokens=40)
+    straight = train_transcoder_set(lm, sequences, tmp_path / "a", TranscoderSetConfig(total_tokens=104, **config),
+                                    model_name="tiny", log=lambda line: None)
+    assert sorted(straight) == [0, 1]
+    train_transcoder_set(lm, sequences, tmp_path / "b", TranscoderSetConfig(total_tokens=26, **config),
+                         model_name="tiny", log=lambda line: None)  # stops after the first chunk
+    resumed = train_transcoder_set(lm, sequences, tmp_path / "b", TranscoderSetConfig(total_tokens=104, **config),
+                                   model_name="tiny", log=lambda line: None)
+    for layer in (0, 1):
+        a, b = SAE.load(straight[layer]), SAE.load(resumed[layer])
+        assert a.cfg.metadata["hook_name"] == f"blocks.{layer}.mlp.hook_in"
+        for name in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+    loaded = load_transcoders(tmp_path / "a", lm, model_name="tiny")
+    assert sorted(loaded) == [0, 1]
+    # thresholds calibrated so that k = 4 features fire per token on average on these tokens
+    from saes.transcoder_set import _mlp_rows, calibrate_thresholds
+
+    calibrate_thresholds(lm, loaded, sequences, k=4)
+    rows = _mlp_rows(lm, sequences, [0, 1])
+    for layer in (0, 1):
+        l0 = (loaded[layer].encode(rows[layer][:, :16]) > 0).sum(-1).float().mean()
+        assert 4 - 1 / len(rows[layer]) - 1e-6 <= float(l0) <= 4 + 1e-6
+    with pytest.raises(ValueError, match="other settings"):
+        train_transcoder_set(lm, sequences, tmp_path / "a", TranscoderSetConfig(total_tokens=104, **{**config, "k": 5}),
+                             model_name="tiny", log=lambda line: None)

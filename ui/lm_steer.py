@@ -48,9 +48,18 @@ def find_lm_saes(roots) -> list[str]:
         if not root.is_dir():
             continue
         for cfg in [root / "cfg.json", *root.glob("*/cfg.json"), *root.glob("*/*/cfg.json")]:
-            if cfg.is_file() and saved_kind(cfg.parent) == LM:
-                found.append(str(cfg.parent))
+            if cfg.is_file() and saved_kind(cfg.parent) == LM and "transcoder" not in _architecture(cfg):
+                found.append(str(cfg.parent))  # (a transcoder reads an MLP's input: the Circuits tab's)
     return sorted(dict.fromkeys(found))
+
+
+def _architecture(cfg: Path) -> str:
+    import json
+
+    try:
+        return str(json.loads(cfg.read_text()).get("architecture", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def sae_model(directory) -> str | None:

@@ -13,6 +13,7 @@ import gradio as gr
 
 from interp.cli import LM_DTYPE, dtype_name, parse_dtype
 from interp.models import load_t2i
+from ui.circuits import build_circuits_tab
 from ui.common import Blocks, Sessions
 from ui.features import build_features_tab
 from ui.flowlens import build_flowlens_tab
@@ -132,6 +133,7 @@ def build_ui(bench: Workbench) -> gr.Blocks:
             build_flowlens_tab(bench)
             build_vcl_tab(bench)
             build_lm_steer_tab(bench)
+            build_circuits_tab(bench)
         # the one link between tabs: a feature of the generated image opens its card in the Features tab
         generate.open_button.click(features.open_feature,
                                    inputs_kwargs={"choice": generate.feature_choice, **features.open_inputs},

@@ -73,19 +73,24 @@ def frozen_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> to
     eps = getattr(module, "variance_epsilon", 1e-6) if eps is None else eps
     weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
     xf = x.float()
-    candidates = []
+    candidates = []  # each form computed only when the ones before it failed
     if isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("LayerNorm"):
-        centred = xf - xf.mean(-1, keepdim=True)
-        base = centred * torch.rsqrt(centred.detach().pow(2).mean(-1, keepdim=True) + eps)
-        out = base if weight is None else base * weight
-        candidates.append(out if bias is None else out + bias)
-    base = xf * torch.rsqrt(xf.detach().pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        candidates += [base.to(x.dtype) * weight, base * (1.0 + weight.float())]  # llama-like, gemma-like
+        def layer_norm():
+            centred = xf - xf.mean(-1, keepdim=True)
+            base = centred * torch.rsqrt(centred.detach().pow(2).mean(-1, keepdim=True) + eps)
+            out = base if weight is None else base * weight
+            return out if bias is None else out + bias
+        candidates.append(layer_norm)
+
+    def rms_base():
+        return xf * torch.rsqrt(xf.detach().pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:  # llama-like, gemma-like
+        candidates += [lambda: rms_base().to(x.dtype) * weight, lambda: rms_base() * (1.0 + weight.float())]
     else:
-        candidates.append(base)
+        candidates.append(rms_base)
     scale = 1.0 + float(y.detach().abs().max())
-    for candidate in candidates:
+    for make in candidates:
+        candidate = make()
         if candidate.shape == y.shape and float((candidate.detach() - y.detach()).abs().max()) <= 1e-4 * scale:
             return candidate.to(y.dtype)
     raise LMHookError(f"cannot freeze {type(module).__name__}: its output is not a LayerNorm or RMSNorm of its "
@@ -95,16 +100,22 @@ def frozen_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> to
 class ReplacementPass(ScopedHooks):
     """One session of the local replacement model (see the module's docstring). ``replace(layer, x, y)`` gets
     the MLP's input ``x`` (in the autograd graph) and its output ``y`` and returns the output to use;
-    ``layers``: the layers it replaces (all by default)."""
+    ``layers``: the layers it replaces (all by default). ``same_rows``: every row of the batch is the same
+    sequence (an attribution graph's batched backward passes), so the real MLP runs on the first row only and
+    ``y`` is that row repeated, detached (the replacement's output must not depend on the MLP's own graph)."""
 
     def __init__(self, lm, replace: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor],
-                 layers=None):
+                 layers=None, same_rows: bool = False, freeze_attention: bool = True, freeze_norms: bool = True):
         self.lm = lm = language_model(lm)
         if lm.backend != "hf":
             raise LMHookError("attribution graphs run on the Hugging Face backend (load the model with backend 'hf')")
         self.sites = lm_sites(lm.model)
         self.replace = replace
         self.layer_list = list(range(lm.n_layers)) if layers is None else list(layers)
+        self.same_rows = same_rows
+        # both True for a graph; either False: that part's derivative is the model's own (to measure what freezing
+        # it changes; a graph is only exact with both frozen)
+        self.freeze_attention, self.freeze_norms = freeze_attention, freeze_norms
         self.embeddings: torch.Tensor | None = None
         self.mlp_inputs: dict[int, torch.Tensor] = {}
         self.final: torch.Tensor | None = None
@@ -123,6 +134,10 @@ class ReplacementPass(ScopedHooks):
                 def on_norm(mod, args, output, is_final=module is final_norm):
                     if not self._active():
                         return None
+                    if not self.freeze_norms:
+                        if is_final:
+                            self.final = output
+                        return None
                     frozen = frozen_norm(mod, args[0], output)
                     if is_final:
                         self.final = frozen
@@ -138,16 +153,35 @@ class ReplacementPass(ScopedHooks):
 
         self._handles.append(model.get_input_embeddings().register_forward_hook(on_embedding))
         for layer, mlp in mlps.items():
+            if self.same_rows:
+                def first_row(module, args, kwargs, layer=layer):
+                    if not self._active():
+                        return None
+                    x = args[0] if args else kwargs["hidden_states"]
+                    self.mlp_inputs[layer] = x
+                    if args:
+                        return (x[:1],) + tuple(args[1:]), kwargs
+                    return args, {**kwargs, "hidden_states": x[:1]}
+
+                self._handles.append(mlp.register_forward_pre_hook(first_row, with_kwargs=True))
+
             def on_mlp(module, args, kwargs, output, layer=layer):
                 if not self._active():
                     return None
-                x = args[0] if args else kwargs["hidden_states"]
-                self.mlp_inputs[layer] = x
+                if self.same_rows:
+                    x = self.mlp_inputs[layer]
+                else:
+                    x = args[0] if args else kwargs["hidden_states"]
+                    self.mlp_inputs[layer] = x
                 y = output[0] if isinstance(output, tuple) else output
+                if self.same_rows:  # the real MLP ran on the first row only: every row is the same input
+                    y = y.detach().expand(x.shape[0], *y.shape[1:])
                 new = self.replace(layer, x, y)
                 return (new,) + tuple(output[1:]) if isinstance(output, tuple) else new
 
             self._handles.append(mlp.register_forward_hook(on_mlp, with_kwargs=True))
+        if not self.freeze_attention:
+            return
         _register_attention()
         config = model.config
         self._config_state = (config._attn_implementation, config.__dict__.get(_ORIGINAL))
@@ -210,9 +244,9 @@ class MLPOutputEdit(ScopedHooks):
             self._handles.append(self.sites.mlp_module(layer).register_forward_hook(on_mlp, with_kwargs=True))
 
 
-def replacement_pass(lm, replace, layers=None) -> ReplacementPass:
+def replacement_pass(lm, replace, layers=None, same_rows: bool = False) -> ReplacementPass:
     """Context manager of the local replacement model's forward passes (see `ReplacementPass`)."""
-    return ReplacementPass(lm, replace, layers)
+    return ReplacementPass(lm, replace, layers, same_rows)
 
 
 __all__ = ["FROZEN_ATTENTION", "MLPOutputEdit", "ReplacementPass", "frozen_norm", "replacement_pass"]
