@@ -60,12 +60,22 @@ def set_model(directory: str) -> str | None:
     return (_cfg(Path(directory) / "blocks.0.mlp.hook_in" / "cfg.json").get("metadata") or {}).get("model_name")
 
 
+def _embedded(name: str | None) -> bool:
+    """Whether the spec says the model is an embedded one (the chat world's; its graphs take seconds)."""
+    from interp.models.spec import model_spec
+
+    try:
+        return name is not None and model_spec(name).source == "embedded"
+    except (ValueError, OSError):
+        return False
+
+
 def build_circuits_tab(bench, roots=None) -> "CircuitsTab":
     tab = CircuitsTab(bench, roots)
     sets = tab.set_choices()
     models = bench.chat_models()
     # the embedded chat model's set first: the example prompt is its task, and its graph takes seconds
-    default_set = next((d for d in sets if set_model(d) == "toy-chat"), sets[0] if sets else None)
+    default_set = next((d for d in sets if _embedded(set_model(d))), sets[0] if sets else None)
     default_model = set_model(default_set) if default_set else (models[0] if models else None)
     with gr.Tab("Circuits", id="circuits"):
         gr.Markdown("The attribution graph of a prompt's next token (circuit-tracer's method: every MLP replaced by "
