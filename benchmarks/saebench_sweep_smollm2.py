@@ -9,12 +9,17 @@ Stages (each resumable; a finished SAE or result is not redone):
            and AdvBench goals with templated refusals, rendered as chats, shuffled with seed 0; the 200 held-out
            Dolly records as the held-out text), without writing the study's committed report files;
   collect  `interp collect` of blocks.15.hook_resid_post over the whole corpus, 1,024-token whole documents (ship.sh);
-  train    `saes train` of every SAE of SWEEP (d_sae 4,608 like the shipped SAE; --tokens vectors each, batch 4,096,
-           the shipped SAE's lr 5e-4), each with its train_log.jsonl (the training curve);
+  train    `saes train` of every SAE of SWEEP (d_sae 4,608 like the shipped SAE; --tokens vectors each, in batches of
+           --batch-size, the shipped SAE's lr 5e-4), each with its train_log.jsonl (the training curve);
   bench    `saes bench --evals core[,sparse_probing]` of every trained SAE on the held-out text (whole documents),
            SAEBench's JSON under <run>/saebench/<sae>/;
-  plots    SAEBench's plot (saes.bench.plots) over the sweep and the shipped SAE, into docs/saebench/sweep/, and the
-           training curves (docs/saebench/sweep/training_curves.png).
+  publish  each SAE's results, cfg.json and train_log.jsonl (its training curve) into --publish
+           (experiments/results/saebench_lm_smollm2_sweep/<sae>/, where the UI's Benchmark section reads them; the
+           per-feature details rounded to 5 significant digits, to keep the files small), then SAEBench's plot
+           (saes.bench.plots) over the sweep and the shipped SAE, and the training curves, into --docs.
+
+What is committed: the results, logs and plots. The SAEs (4,608 x 576 float32, 21 MB each) are not: the command
+above remakes them under --run.
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ SHIPPED = Path("saes/pretrained/smollm2") / HOOK
 # (name, architecture, k, options): TopK across k, and the other trainers at a couple of sparsities each
 # in the order they are made (train, then bench, one SAE after the other: what finishes first is plotted first)
 SWEEP = (("topk-k8", "topk", 8, {}), ("topk-k64", "topk", 64, {}), ("topk-k16", "topk", 16, {}),
-         ("topk-k128", "topk", 128, {}), ("batchtopk-k32", "batchtopk", 32, {}), ("topk-k32", "topk", 32, {}),
-         ("lens-topk-k32", "lens-topk", 32, {}), ("batchtopk-k64", "batchtopk", 64, {}),
+         ("topk-k128", "topk", 128, {}), ("topk-k32", "topk", 32, {}), ("batchtopk-k32", "batchtopk", 32, {}),
+         ("topk-k4", "topk", 4, {}), ("batchtopk-k64", "batchtopk", 64, {}), ("lens-topk-k32", "lens-topk", 32, {}),
          ("batchtopk-k16", "batchtopk", 16, {}))
 
 
@@ -111,16 +116,85 @@ def bench(run: Path, threads: int, n_tokens: int, evals: str, data_dir: Path, na
             "--max-examples", "120"])
 
 
+def _rounded(value):
+    if isinstance(value, float):
+        return float(f"{value:.5g}")
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def publish(run: Path, publish_dir: Path, docs: Path) -> None:
+    """Copy each benched SAE's results (details rounded), cfg.json and train_log.jsonl; draw the plots."""
+    from saes.bench.plots import collect, markdown_table, write_html, write_png
+
+    names = []
+    for name, *_ in SWEEP:
+        results = sorted((run / "saebench" / name).rglob("*_eval_results.json"))
+        if not results:
+            continue
+        names.append(name)
+        out = publish_dir / name
+        for path in results:
+            result = json.loads(path.read_text())
+            result["eval_result_details"] = _rounded(result.get("eval_result_details"))
+            target = out / path.parent.name / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+        for extra in ("cfg.json", "train_log.jsonl", "train_summary.json"):
+            if (run / "saes" / name / extra).exists():
+                (out / extra).write_text((run / "saes" / name / extra).read_text())
+    docs.mkdir(parents=True, exist_ok=True)
+    rows = collect([publish_dir, SHIPPED / "saebench"])
+    write_png(rows, docs / "metrics_vs_l0.png")
+    write_html(rows, docs / "metrics_vs_l0.html", "cdn")
+    training_curves([publish_dir / n for n in names], SHIPPED, docs / "training_curves.png")
+    print(markdown_table(rows), end="")
+    log(f"published {len(names)} SAEs into {publish_dir}; plots in {docs}")
+
+
+def training_curves(folders, shipped: Path, path: Path) -> None:
+    """Each SAE's training explained variance and L0 (train_log.jsonl) against training tokens, the shipped SAE's
+    beside them (its train_log.jsonl is not shipped: its final figures from train_summary.json, one point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ev_ax, l0_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for folder in folders:
+        lines = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines() if line.strip()]
+        tokens = [line["tokens"] for line in lines]
+        ev_ax.plot(tokens, [line["explained_variance"] for line in lines], lw=1.2, label=folder.name)
+        l0_ax.plot(tokens, [line["l0"] for line in lines], lw=1.2, label=folder.name)
+    summary = json.loads((shipped / "train_summary.json").read_text())
+    ev_ax.scatter([summary["tokens"]], [summary["final_metrics"]["explained_variance"]], marker="*", s=90,
+                  color="k", label="shipped topk k=32 (3M tokens, end)")
+    for ax, title in ((ev_ax, "training explained variance (per batch)"), (l0_ax, "training L0")):
+        ax.set_xlabel("training tokens")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    l0_ax.set_yscale("log")
+    ev_ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=("all", "corpus", "collect", "saes"))
+    parser.add_argument("stage", choices=("all", "corpus", "collect", "saes", "publish"))
+    parser.add_argument("--publish", default="experiments/results/saebench_lm_smollm2_sweep")
+    parser.add_argument("--docs", default="docs/saebench/sweep")
     parser.add_argument("--run", default="runs/saebench_sweep")
     parser.add_argument("--data-dir", default="../shared/data")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-store-tokens", type=int, default=163_840, help="tokens the store collects")
-    parser.add_argument("--tokens", type=int, default=491_520, help="training vectors per SAE")
+    parser.add_argument("--tokens", type=int, default=327_680, help="training vectors per SAE (2 epochs)")
     parser.add_argument("--batch-size", type=int, default=2048)
-    parser.add_argument("--n-tokens", type=int, default=10_000, help="core eval tokens per SAE")
+    parser.add_argument("--n-tokens", type=int, default=6_144, help="core eval tokens per SAE")
     parser.add_argument("--evals", default="core")
     parser.add_argument("--only", nargs="*", default=None, help="SWEEP names (default: all)")
     args = parser.parse_args(argv)
@@ -147,6 +221,8 @@ def main(argv=None) -> int:
                     bench(run, args.threads, args.n_tokens, args.evals, data, name)
                 except subprocess.CalledProcessError as err:
                     log(f"{name} failed: {err}")
+    if args.stage in ("all", "publish"):
+        publish(run, Path(args.publish), Path(args.docs))
     return 0
 
 
