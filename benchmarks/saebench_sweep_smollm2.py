@@ -1,17 +1,20 @@
 """SAEBench's metric-vs-L0 plots with many points: a sweep of SmolLM2 layer-15 SAEs, each benched by `saes bench`.
 
     OMP_NUM_THREADS=1 python -m benchmarks.saebench_sweep_smollm2 all --threads 1 [--run runs/saebench_sweep]
-        [--data-dir ../shared/data] [--tokens 1000000] [--n-tokens 10000] [--evals core]
-    python -m benchmarks.saebench_sweep_smollm2 corpus|collect|train|bench|plots ...   (one stage)
+        [--data-dir ../shared/data] [--max-store-tokens 163840] [--tokens 327680] [--batch-size 2048]
+        [--n-tokens 6144] [--evals core] [--only topk-k8 ...]
+    python -m benchmarks.saebench_sweep_smollm2 corpus|collect|saes|publish ...   (one stage)
 
 Stages (each resumable; a finished SAE or result is not redone):
   corpus   saes/pretrained/smollm2/ship.sh's corpus, rebuilt the same way (the SmolLM2 study's Dolly train records
            and AdvBench goals with templated refusals, rendered as chats, shuffled with seed 0; the 200 held-out
            Dolly records as the held-out text), without writing the study's committed report files;
-  collect  `interp collect` of blocks.15.hook_resid_post over the whole corpus, 1,024-token whole documents (ship.sh);
-  train    `saes train` of every SAE of SWEEP (d_sae 4,608 like the shipped SAE; --tokens vectors each, in batches of
+  collect  `interp collect` of blocks.15.hook_resid_post over the corpus' first --max-store-tokens tokens, 1,024-token
+           whole documents (ship.sh);
+  saes     for each SAE of SWEEP in turn, train then bench:
+  (train)  `saes train` of every SAE of SWEEP (d_sae 4,608 like the shipped SAE; --tokens vectors each, in batches of
            --batch-size, the shipped SAE's lr 5e-4), each with its train_log.jsonl (the training curve);
-  bench    `saes bench --evals core[,sparse_probing]` of every trained SAE on the held-out text (whole documents),
+  (bench)  `saes bench --evals core[,sparse_probing]` of every trained SAE on the held-out text (whole documents),
            SAEBench's JSON under <run>/saebench/<sae>/;
   publish  each SAE's results, cfg.json and train_log.jsonl (its training curve) into --publish
            (experiments/results/saebench_lm_smollm2_sweep/<sae>/, where the UI's Benchmark section reads them; the
