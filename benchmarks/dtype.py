@@ -207,7 +207,8 @@ def bench_sae(args, vectors: torch.Tensor) -> dict:
 def bench_lora(args, lm32) -> dict:
     from peft import LoraConfig, get_peft_model
 
-    from flowlens.finetune import collate, frozen_weights_in, tokenize_examples, training_step
+    from flowlens.finetune import frozen_weights_in, training_step
+    from flowlens.sft_data import collate, tokenize_examples
     from flowlens.vcl import VCLConfig
 
     # a document's first 80 characters are the prompt, the rest (cut at --lora-length tokens) the completion

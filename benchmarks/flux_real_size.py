@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.t2i_real_size import measured  # noqa: E402
+from interp.cli import add_dtype_argument, parse_dtype  # noqa: E402
 from interp.edits import Edit  # noqa: E402
 from interp.hooks import apply_edits, capture_updates  # noqa: E402
 from interp.models.t2i import block_info  # noqa: E402
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--text-tokens", type=int, default=128, help="T5 tokens of the text stream (FLUX.1: 512)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--d-sae", type=int, default=4 * 3072)
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    add_dtype_argument(parser, what="the denoiser")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None)
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from saes.sae import SAE, SAEConfig
 
-    dtype = getattr(torch, args.dtype)
+    dtype = parse_dtype(args.dtype)
     torch.manual_seed(0)
     started = time.perf_counter()
     config = flux_config(args.double, args.single)

@@ -7,7 +7,7 @@
 
 Collection: the same padded batches of corpus sequences go, in interleaved rounds, through
   plain      one forward pass (interp.hooks.lm.forward_padded), nothing recorded
-  collect    what `interp collect` does per batch (interp.collect._lm_batch): the forward pass with the
+  collect    what `interp collect` does per batch (interp.collect_lm._lm_batch): the forward pass with the
              residual hooks, the chosen positions gathered (start token and padding left out), fp16
 and tokens/s of each (tokens = the positions a store keeps) and collect / plain time (target <= 1.10x).
 SAE training: TopK, AuxK on, at d_in 576 (SmolLM2-135M's d_model): samples/s of
@@ -33,7 +33,7 @@ import zoo  # noqa: F401 - registers the embedded models with the core (interp.e
 from interp.hooks.lm import forward_padded, right_padded
 from interp.lm_text import read_documents, token_sequences
 from interp.models.lm import load_lm
-from interp.collect import LMCollectionPlan, _lm_batch, select_positions
+from interp.collect_lm import LMCollectionPlan, _lm_batch, select_positions
 from saes.train import TrainConfig
 from saes.trainers import make_trainer
 

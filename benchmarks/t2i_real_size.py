@@ -31,6 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from interp.cli import add_dtype_argument, parse_dtype  # noqa: E402
 from interp.edits import Edit  # noqa: E402
 from interp.hooks import apply_edits, capture_updates  # noqa: E402
 from interp.models.t2i import SDXL_BLOCKS, block_info  # noqa: E402
@@ -77,7 +78,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size", type=int, default=512, help="image side in pixels (latent: size / 8)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    add_dtype_argument(parser, what="the denoiser")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None)
@@ -88,7 +89,7 @@ def main() -> int:
 
     from saes.sae import SAE, SAEConfig
 
-    dtype = getattr(torch, args.dtype)
+    dtype = parse_dtype(args.dtype)
     torch.manual_seed(0)
     started = time.perf_counter()
     unet = UNet2DConditionModel.from_config(json.loads(CONFIG.read_text())).to(args.device, dtype).eval()

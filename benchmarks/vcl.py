@@ -18,7 +18,8 @@ import time
 
 import torch
 
-from flowlens.finetune import Example, collate, training_step
+from flowlens.finetune import training_step
+from flowlens.sft_data import Example, collate
 from flowlens.tiny import tiny_llama
 from flowlens.vcl import VCLConfig
 

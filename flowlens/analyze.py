@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from interp.atomic import atomic_write_text
-from interp.cli import add_backend_argument, add_dtype_argument, lm_dtype
+from interp.cli import (LM_DTYPE, add_backend_argument, add_device_argument, add_dtype_argument, add_out_argument,
+                        parse_dtype)
 
 from .diversity import DataError, PROMPT_FIELDS, read_jsonl
 from .geometry import concentration_by_layer, layer_projections, pc1_stability, structural_alignment
@@ -196,7 +197,7 @@ def analyze_command(args) -> int:
     k = checked_components(args.components, len(prompts))  # before any model is loaded
     from interp.models.lm import load_lm
 
-    dtype = lm_dtype(args.dtype)
+    dtype = parse_dtype(args.dtype, default=LM_DTYPE)
     lm = load_lm(args.model, backend=args.backend, device=args.device, dtype=dtype)
     residuals = residuals_of(lm, prompts, args.chat_template, False)
     stripped = residuals_of(lm, prompts, args.chat_template, True) if args.stability else None
@@ -226,11 +227,11 @@ def add_analyze_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--reference", default=None, help="reference model for the structural alignment score")
     parser.add_argument("--prompts", required=True, help="JSONL (prompt field), XSTest CSV, or text (one a line)")
-    parser.add_argument("--out", required=True)
+    add_out_argument(parser, required=True)
     parser.add_argument("--components", default="3", help="number of principal components, or 'twonn'")
     add_chat_template_argument(parser)
     parser.add_argument("--no-stability", dest="stability", action="store_false",
                         help="skip the PC1 stability check (without trailing punctuation)")
     add_backend_argument(parser)
-    parser.add_argument("--device", default="cpu")
+    add_device_argument(parser)
     add_dtype_argument(parser, what="the models")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from interp.atomic import atomic_write_text
-from interp.cli import at_least
+from interp.cli import add_out_argument, at_least
 
 PROMPT_FIELDS = ("prompt", "query", "instruction")
 COMPLETION_FIELDS = ("completion", "response", "output")
@@ -206,4 +206,4 @@ def add_diversity_arguments(parser) -> None:
     parser.add_argument("--field", choices=TEXT_SELECTIONS, default="completions", help="which texts to measure")
     parser.add_argument("--tokenizer", default="word", help="'word' or a Hugging Face tokenizer name or directory")
     parser.add_argument("--window", type=at_least(1), default=50, help="MSTTR window in tokens (at least 1)")
-    parser.add_argument("--out", default=None, help="JSON output (default: beside the data file)")
+    add_out_argument(parser, default=None, help="JSON output (default: beside the data file)")

@@ -19,7 +19,8 @@ is the path it always was.
 
 Output directory: ``log.jsonl`` (one line per step: loss, sft_loss, vcl_loss, vcl_ratio),
 ``eval_before.json`` / ``eval_after.json`` (refusal metrics), ``model/`` (final weights or LoRA
-adapter, with the tokenizer), ``result.json``.
+adapter, with the tokenizer), ``result.json``. The data (prompt/completion rows, batches, their order) is
+`flowlens.sft_data`'s; the log and its loss curves are `flowlens.training_log`'s.
 """
 
 from __future__ import annotations
@@ -36,13 +37,17 @@ from typing import Callable
 import torch
 
 from interp.atomic import atomic_write, atomic_write_text
-from interp.cli import add_backend_argument, add_dtype_argument, at_least, parse_dtype
+from interp.cli import (add_backend_argument, add_device_argument, add_dtype_argument, add_out_argument, at_least,
+                        parse_dtype)
 from interp.hooks.lm import residual_capture
 from interp.models.lm import use_chat_template
 
-from .diversity import DataError, read_jsonl
-from .refusals import (MODEL_HELP, add_chat_template_argument, context_length, evaluate_refusals, format_prompt,
-                       read_prompt_set)
+from .diversity import DataError
+from .refusals import MODEL_HELP, add_chat_template_argument, context_length, evaluate_refusals, read_prompt_set
+# Example, collate, tokenize_examples and read_log are also imported from here (the SmolLM2 study and the VCL sweep,
+# whose committed cells fingerprint their own source, import them by this module's name).
+from .sft_data import Example, collate, micro_batch_indices, read_sft_data, tokenize_examples  # noqa: F401
+from .training_log import append_log, read_log, trim_log  # noqa: F401
 from .vcl import VCLConfig, select_positions, variance_concentration_loss
 
 DEFAULT_MAX_LENGTH = 256  # tokens of prompt + completion, when the model's context allows
@@ -98,71 +103,6 @@ class FinetuneConfig:
     def from_json(cls, obj: dict) -> "FinetuneConfig":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in obj.items() if k in known})
-
-
-@dataclass
-class Example:
-    """One tokenised example: ``input_ids`` = prompt ids + completion ids (+ EOS)."""
-
-    input_ids: list[int]
-    prompt_length: int
-
-
-def read_sft_data(path: str | Path) -> list[tuple[int, str, str]]:
-    """(line, prompt, completion) of a JSONL file; a missing field is named by its line."""
-    rows = []
-    for number, record in read_jsonl(path):
-        for name in ("prompt", "completion"):
-            if not isinstance(record.get(name), str):
-                raise DataError(f"{path}: line {number} has no {name!r} field (a string)")
-        if not record["completion"].strip():
-            raise DataError(f"{path}: line {number} has an empty completion")
-        rows.append((number, record["prompt"], record["completion"]))
-    return rows
-
-
-def tokenize_examples(rows, tokenizer, max_length: int, chat_template: bool, path: str = "data") -> list[Example]:
-    """Prompt and completion tokenised apart (so the prompt/completion boundary is exact)."""
-    examples = []
-    for number, prompt, completion in rows:
-        text = format_prompt(tokenizer, prompt, chat_template)
-        prompt_ids = list(tokenizer(text, add_special_tokens=not chat_template)["input_ids"])
-        completion_ids = list(tokenizer(completion, add_special_tokens=False)["input_ids"])
-        if tokenizer.eos_token_id is not None:
-            completion_ids.append(tokenizer.eos_token_id)
-        if not prompt_ids:
-            raise DataError(f"{path}: line {number}: the prompt gives no tokens")
-        if len(prompt_ids) >= max_length:
-            raise DataError(f"{path}: line {number}: the prompt has {len(prompt_ids)} tokens, leaving no room for "
-                            f"the completion within max_length={max_length}")
-        examples.append(Example((prompt_ids + completion_ids)[:max_length], len(prompt_ids)))
-    return examples
-
-
-def collate(examples: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch: input_ids, attention_mask, labels (-100 off the completion), prompt/response masks."""
-    width = max(len(e.input_ids) for e in examples)
-    batch = {name: torch.zeros(len(examples), width, dtype=torch.long) for name in ("input_ids", "attention_mask")}
-    batch["labels"] = torch.full((len(examples), width), -100, dtype=torch.long)
-    batch["prompt_mask"] = torch.zeros(len(examples), width, dtype=torch.bool)
-    batch["response_mask"] = torch.zeros(len(examples), width, dtype=torch.bool)
-    batch["input_ids"].fill_(pad_id)
-    for row, example in enumerate(examples):
-        n, p = len(example.input_ids), example.prompt_length
-        batch["input_ids"][row, :n] = torch.tensor(example.input_ids)
-        batch["attention_mask"][row, :n] = 1
-        batch["labels"][row, p:n] = batch["input_ids"][row, p:n]
-        batch["prompt_mask"][row, :p] = True
-        batch["response_mask"][row, p:n] = True
-    return batch
-
-
-def micro_batch_indices(n_examples: int, batch_size: int, seed: int, micro_batch: int) -> list[int]:
-    """Indices of the ``micro_batch``-th micro-batch: a fresh seeded permutation each epoch, no partial batch."""
-    per_epoch = n_examples // batch_size
-    epoch, position = divmod(micro_batch, per_epoch)
-    order = torch.randperm(n_examples, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-    return order[position * batch_size:(position + 1) * batch_size].tolist()
 
 
 def window_hooks(layers: list[int]) -> list[str]:
@@ -319,58 +259,6 @@ def _is_cancelled(cancel) -> bool:
     return bool(cancel())
 
 
-def _append_log(path: Path, entry: dict) -> None:
-    with path.open("a") as handle:
-        handle.write(json.dumps(entry) + "\n")
-
-
-def _trim_log(path: Path, step: int) -> None:
-    """Drop log lines of steps after the checkpoint (they will be redone)."""
-    if path.exists():
-        lines = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        atomic_write_text(path, "".join(line + "\n" for line in lines))
-
-
-def read_log(out: str | Path) -> list[dict]:
-    """The entries of ``out/log.jsonl`` written so far (safe to call while the run writes it)."""
-    path = Path(out) / "log.jsonl"
-    if not path.exists():
-        return []
-    entries = []
-    for line in path.read_text().splitlines():
-        try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line being written right now: read it next time
-    return entries
-
-
-def thinned(entries: list[dict], max_points: int | None) -> list[dict]:
-    """At most ``max_points`` entries, evenly spaced, the first and the last always among them (all when fewer)."""
-    if max_points is None or len(entries) <= max_points:
-        return entries
-    last = len(entries) - 1
-    picks = sorted({round(i * last / (max_points - 1)) for i in range(max_points)})
-    return [entries[i] for i in picks]
-
-
-def loss_curves_figure(entries: list[dict], title: str = "Fine-tuning loss", max_points: int | None = None):
-    """Interactive (plotly) curves of the SFT and VCL terms (and their weighted sum) per step; with
-    ``max_points``, drawn through at most that many evenly spaced steps (a live view of a long run: the UI
-    re-sent 2,000 steps' markers a few times a second and the page froze)."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    entries = thinned(entries, max_points)
-    steps = [e["step"] for e in entries]
-    mode = "lines+markers" if len(entries) <= 100 else "lines"
-    for key, name in (("sft_loss", "SFT"), ("vcl_loss", "VCL"), ("loss", "total (SFT + lambda VCL)")):
-        if any(key in e for e in entries):
-            fig.add_trace(go.Scatter(x=steps, y=[e.get(key) for e in entries], mode=mode, name=name))
-    fig.update_layout(title=title, xaxis_title="step", yaxis_title="loss", height=360)
-    return fig
-
-
 def finetune(config: FinetuneConfig, model=None, tokenizer=None,
              cancel: threading.Event | Callable[[], bool] | None = None) -> dict:
     """Run (or resume) fine-tuning; returns the result written to ``out/result.json``.
@@ -425,7 +313,7 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
         torch.set_rng_state(state["rng"])
         step = state["step"]
         if rank == 0:
-            _trim_log(log_path, step)
+            trim_log(log_path, step)
     elif rank == 0:
         atomic_write_text(out / "config.json", json.dumps(config.to_json(), indent=2) + "\n")
         log_path.unlink(missing_ok=True)
@@ -458,7 +346,7 @@ def finetune(config: FinetuneConfig, model=None, tokenizer=None,
                 if window is None:
                     del entry["vcl_loss"], entry["vcl_ratio"]
                 if rank == 0:
-                    _append_log(log_path, entry)
+                    append_log(log_path, entry)
                 bar.update(1)
                 bar.set_postfix(sft=f"{totals['sft_loss']:.3f}",
                                 **({"vcl": f"{totals['vcl_loss']:.3f}"} if window is not None else {}))
@@ -552,7 +440,7 @@ def vcl_command(args) -> int:
 def add_vcl_arguments(parser) -> None:
     parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--data", required=True, help="JSONL with prompt and completion fields")
-    parser.add_argument("--out", required=True, help="run directory (resumes when it holds a checkpoint)")
+    add_out_argument(parser, required=True, help="run directory (resumes when it holds a checkpoint)")
     parser.add_argument("--lambda", dest="weight", type=float, default=1.0, help="VCL weight (0: plain SFT)")
     parser.add_argument("--k", type=int, default=2, help="number of top singular directions")
     parser.add_argument("--window", type=float, nargs=2, default=(0.3, 0.5), metavar=("A", "B"),
@@ -572,6 +460,6 @@ def add_vcl_arguments(parser) -> None:
     add_chat_template_argument(parser)
     parser.add_argument("--save-every", type=int, default=50)
     parser.add_argument("--eval-prompts", default=None, help="prompt-set JSONL or XSTest CSV: evaluated before and after")
-    parser.add_argument("--device", default="cpu")
+    add_device_argument(parser)
     add_backend_argument(parser, "only hf fine-tunes: ")
     add_dtype_argument(parser, what="the frozen weights of a LoRA run (adapters, optimizer and evaluation: float32)")

@@ -253,13 +253,13 @@ def refusals_command(args) -> int:
     from interp.models.lm import use_chat_template
 
     records = read_prompt_set(args.prompts)
-    from interp.cli import lm_dtype
+    from interp.cli import LM_DTYPE, parse_dtype
     from interp.models.lm import load_hf_lm, load_lm
 
     if args.backend == "hf":
-        model, tokenizer = load_hf_lm(args.model, device=args.device, dtype=lm_dtype(args.dtype))
+        model, tokenizer = load_hf_lm(args.model, device=args.device, dtype=parse_dtype(args.dtype, default=LM_DTYPE))
     else:
-        model = load_lm(args.model, backend=args.backend, device=args.device, dtype=lm_dtype(args.dtype))
+        model = load_lm(args.model, backend=args.backend, device=args.device, dtype=parse_dtype(args.dtype, default=LM_DTYPE))
         tokenizer = model.tokenizer
     templated = use_chat_template(tokenizer, args.chat_template)
     started = time.perf_counter()
@@ -288,7 +288,7 @@ def add_chat_template_argument(parser) -> None:
 
 
 def add_refusals_arguments(parser) -> None:
-    from interp.cli import add_backend_argument, add_dtype_argument, at_least
+    from interp.cli import add_backend_argument, add_device_argument, add_dtype_argument, add_out_argument, at_least
 
     parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--prompts", required=True, help="prompt-set JSONL (prompt, kind, answer?, type?) or XSTest CSV")
@@ -296,7 +296,7 @@ def add_refusals_arguments(parser) -> None:
     parser.add_argument("--batch-size", type=at_least(1), default=None,
                         help="prompts decoded together (default: the generator's, measured best on 2 cores)")
     add_chat_template_argument(parser)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default="refusals.json")
+    add_device_argument(parser)
+    add_out_argument(parser, default="refusals.json")
     add_dtype_argument(parser)
     add_backend_argument(parser)

@@ -16,7 +16,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
-from interp.cli import add_backend_argument, add_dtype_argument, at_least, lm_dtype
+from interp.cli import LM_DTYPE, add_backend_argument, add_dtype_argument, at_least, parse_dtype
 
 DEFAULT_MAX_NEW_TOKENS = 32
 
@@ -126,7 +126,7 @@ def steer_command(args) -> int:
     edit = make_edit(hook, args.feature, args.strength, args.mode, args.positions)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_lm(args.model, backend=args.backend, dtype=lm_dtype(args.dtype))
+    lm = load_lm(args.model, backend=args.backend, dtype=parse_dtype(args.dtype, default=LM_DTYPE))
     result = steer_comparison(lm, sae, hook, args.prompt, edit, args.max_new_tokens,
                               False if args.no_chat_template else None)
     what = f"{args.mode} feature {args.feature}" + ("" if args.mode == "ablate" else f" (strength {args.strength:g})")

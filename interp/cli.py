@@ -149,12 +149,22 @@ def run_command(args, interrupted: str = "interrupted") -> int:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def parse_dtype(name):
-    """``"bfloat16"`` -> ``torch.bfloat16`` (a torch.dtype passes through); a ValueError naming the choices for
-    anything else. float16 is allowed on a CPU: torch runs it there (measured: slower than float32 on this
-    machine's CPU; bfloat16 is the fast one, docs/dtype.md)."""
+# The dtype a language model loads in when --dtype is not given: what its results were made in.
+LM_DTYPE = "float32"
+
+
+def parse_dtype(name, default: str | None = None):
+    """The one conversion of a ``--dtype`` value (or the UI's choice, or a results file's name) to a torch dtype:
+    ``"bfloat16"`` -> ``torch.bfloat16`` (a torch.dtype passes through); None -> `default` converted (None: None,
+    the loader's own default: a text-to-image pipeline's float16 on CUDA, float32 on a CPU; a language model passes
+    ``default=LM_DTYPE``); a ValueError naming the choices for anything else. float16 is allowed on a CPU: torch
+    runs it there (measured: slower than float32 on this machine's CPU; bfloat16 is the fast one, docs/dtype.md)."""
     import torch
 
+    if name is None:
+        if default is None:
+            return None
+        name = default
     if isinstance(name, torch.dtype):
         name = dtype_name(name)
     if name not in DTYPES:
@@ -177,7 +187,7 @@ def add_dtype_argument(parser, default: str | None = "float32", what: str = "the
                        said: str | None = None) -> None:
     """``--dtype float32|bfloat16|float16``, the same option on every command that loads a model: the dtype
     `what` runs in. ``default=None``: the loader's own (text-to-image: float16 on CUDA, float32 on a CPU;
-    `lm_dtype` reads None as float32 for a language model)."""
+    `parse_dtype(None, default=LM_DTYPE)` reads None as float32 for a language model)."""
     said = said or default or "float16 on CUDA, float32 on a CPU"
     parser.add_argument("--dtype", choices=DTYPES, default=default,
                         help=f"dtype {what} runs in (default {said}); bfloat16 is faster on CPUs with AMX/AVX512-BF16 "
@@ -198,14 +208,16 @@ def add_backend_argument(parser, what: str = "") -> None:
                              f"read the same residual stream (docs/lm-architectures.md)")
 
 
-def lm_dtype(name: str | None):
-    """The torch dtype a language model loads in for ``--dtype`` (None: float32, what results were made in)."""
-    return parse_dtype(name or "float32")
+def add_device_argument(parser, default: str | None = "cpu", help: str | None = None) -> None:
+    """``--device cpu|cuda|cuda:N``, the same option on every command that places a model: where it runs."""
+    parser.add_argument("--device", default=default, help=help)
 
 
-def t2i_dtype(name: str | None):
-    """The torch dtype a text-to-image pipeline loads in for ``--dtype`` (None: `load_t2i`'s own default)."""
-    return parse_dtype(name) if name else None
+def add_out_argument(parser, required: bool = False, default=None, help: str | None = None) -> None:
+    """``--out PATH``, the same option on every command that writes: the shipped-files guard reads it
+    (`interp.shipped.OUTPUT_OPTIONS`, checked by `run_command`) and `add_overwrite_options` gives the command
+    ``--overwrite``."""
+    parser.add_argument("--out", required=required, default=default, help=help)
 
 
 def parse_options(pairs: list[str]) -> dict:

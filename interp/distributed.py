@@ -7,6 +7,7 @@ its c10d rendezvous) says who is who.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 
@@ -29,6 +30,28 @@ def init_process_group(device: str | None = None, minutes: int = 30) -> None:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=minutes))
+
+
+def torchrun_rank() -> tuple[int, int]:
+    """(rank, world size) of this process, as torchrun's environment says; (0, 1) outside torchrun."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@contextlib.contextmanager
+def joined_ranks(world_size: int):
+    """The barrier of a torchrun job whose ranks only wait for each other (the store writers): the process group
+    joined with gloo (`init_process_group()`, whatever the model's device) and left on exit; None outside torchrun
+    (world_size 1), where nothing is joined."""
+    if world_size == 1:
+        yield None
+        return
+    import torch.distributed as dist
+
+    init_process_group()
+    try:
+        yield dist.barrier
+    finally:
+        dist.destroy_process_group()
 
 
 # What gloo / NCCL say when another rank of the job has died (its process exited, its node went away).

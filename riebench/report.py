@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
@@ -25,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from interp.atomic import atomic_write_text
+from interp.cli import probability
 
 from .methods import MethodConfig
-from .runner import load_results
+from .runner import check_run_dir, load_results
 
 MAIN_METRICS = ("success", "preservation", "outside_pixel_distance", "target_distance")
 
@@ -282,3 +284,17 @@ def write_report(out: str | os.PathLike, min_preservation: float = 0.9, plots: b
               "curves": curves, "plot_problems": problems, "min_preservation": min_preservation}
     atomic_write_text(out / "report.json", json.dumps(report, indent=1))
     return report
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """`riebench report`: the run directory and the headline's preservation."""
+    parser.add_argument("out")
+    parser.add_argument("--min-preservation", type=probability, default=0.9, help="0 to 1")
+
+
+def report_command(args) -> int:
+    """`python -m riebench report DIR`: (re)write the tables and plots of a run directory."""
+    check_run_dir(args.out)
+    report = write_report(args.out, min_preservation=args.min_preservation)
+    print(f"{report['results']} results, {len(report['failed'])} failed; tables and plots in {args.out}")
+    return 0

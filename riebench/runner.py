@@ -113,11 +113,11 @@ class Runner:
         if saes is None and not cfg.saes and any(METHODS[c.method].needs_saes for c in cfg.configs):
             raise MethodError("the sae method needs SAEs: pass --saes DIR (one SAE directory per block)")
         if model is None:
-            from interp.cli import t2i_dtype
+            from interp.cli import parse_dtype
             from interp.models import load_t2i
 
             model = load_t2i(cfg.model, device="cpu" if not torch.cuda.is_available() else None,
-                             dtype=t2i_dtype(cfg.dtype))
+                             dtype=parse_dtype(cfg.dtype))
         self.model = model
         if any(task.original_scene is not None for task in self.suite.tasks):
             # Shapes-world tasks are scored against the scene an image should show: a model made elsewhere cannot

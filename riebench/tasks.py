@@ -18,6 +18,7 @@ Two kinds of suite:
 
 from __future__ import annotations
 
+import argparse
 import base64
 import difflib
 import json
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from interp.atomic import atomic_write_text
+from interp.cli import add_out_argument, at_least
 from zoo import shapes
 
 from .categories import SHAPES_CATEGORY_REGISTRY, Draw
@@ -529,3 +531,34 @@ def shapes_suite(config: ShapesSuiteConfig | None = None, categories: list[str] 
             bar.update()
     bar.close()
     return Suite("shapes", SUITE_VERSION, cfg.seed, tasks, asdict(cfg))
+
+
+def add_tasks_arguments(parser: argparse.ArgumentParser) -> None:
+    """`riebench tasks`: the suite, its seed and size, and where it goes."""
+    parser.add_argument("--suite", default="shapes", help="'shapes' or a task file to convert")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--per-category", type=at_least(1, MAX_PER_CATEGORY), default=30,
+                        help=f"tasks per category of the shapes suite (at most {MAX_PER_CATEGORY})")
+    parser.add_argument("--split", default="train", choices=("train", "held_out"),
+                        help="world split both scenes of every task come from")
+    parser.add_argument("--max-objects", type=int, default=2)
+    parser.add_argument("--category", action="append", default=None, choices=list(SHAPES_CATEGORIES))
+    parser.add_argument("--masks", default=None, help="PNG mask directory (public RIEBench file)")
+    add_out_argument(parser, required=True)
+
+
+def tasks_command(args) -> int:
+    """`python -m riebench tasks`: write a task suite (the shapes world's, or a converted RIEBench file)."""
+    if args.suite == "shapes":
+        suite = shapes_suite(ShapesSuiteConfig(seed=args.seed, per_category=args.per_category, split=args.split,
+                                               max_objects=args.max_objects), args.category, progress=True)
+    elif args.masks is not None:
+        suite = read_riebench_json(args.suite, args.masks)
+    else:
+        suite = Suite.load(args.suite)
+    path = suite.save(args.out)
+    counts = {c: sum(t.category == c for t in suite.tasks) for c in suite.categories()}
+    print(f"{len(suite.tasks)} tasks ({suite.name} {suite.version}, seed {suite.seed}) -> {path}")
+    for category, n in counts.items():
+        print(f"  {category}: {n}")
+    return 0

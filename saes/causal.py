@@ -278,13 +278,13 @@ def add_causal_arguments(parser) -> None:
                         help="rewrite features.json shipped with the repository (saes/pretrained/...)")
 
 
-def causal_command(args, load_model) -> int:
-    """`python -m saes causal`: score the labelled features of a library's blocks and store the scores.
-    load_model(args): the T2IModel (`saes.__main__._load_model`), called once the arguments are checked."""
+def causal_command(args) -> int:
+    """`python -m saes causal`: score the labelled features of a library's blocks and store the scores. The model
+    (`saes.pool.load_model`) is loaded once the arguments are checked."""
     from interp.shipped import refuse_shipped
 
     from .library import FeatureLibrary
-    from .pool import FEATURES_FILENAME
+    from .pool import FEATURES_FILENAME, load_model
 
     library = FeatureLibrary(args.sae)
     blocks = args.block or library.blocks

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from interp.cli import add_out_argument
+
 from .sae import SAE, SAEFormatError, load_sae_set
 
 # Bounds of one request (checked before any work).
@@ -739,14 +741,14 @@ def add_graph_arguments(parser) -> None:
     parser.add_argument("--ablate-top", type=int, default=0, metavar="N",
                         help="also ablate the N most influential features one at a time: the real model's logit "
                              "change beside the graph's prediction")
-    parser.add_argument("--out", required=True, help="output directory (<slug>.json + graph-metadata.json)")
+    add_out_argument(parser, required=True, help="output directory (<slug>.json + graph-metadata.json)")
     parser.add_argument("--slug", default="graph")
     parser.add_argument("--threads", type=at_least(1), default=1)
     add_dtype_argument(parser)
 
 
 def graph_command(args) -> int:
-    from interp.cli import lm_dtype
+    from interp.cli import LM_DTYPE, parse_dtype
     from interp.models.lm import load_lm
 
     for name in ("node_threshold", "edge_threshold"):
@@ -757,7 +759,7 @@ def graph_command(args) -> int:
     if not args.slug or any(c in args.slug for c in "/\\") or args.slug.startswith("."):
         raise GraphError(f"--slug {args.slug!r} must be a plain file name")
     torch.set_num_threads(args.threads)
-    lm = load_lm(args.model, dtype=lm_dtype(args.dtype))
+    lm = load_lm(args.model, dtype=parse_dtype(args.dtype, default=LM_DTYPE))
     transcoders = load_transcoders(args.transcoders, lm, model_name=args.model)
     graph = attribute(lm, transcoders, args.prompt, args.target, max_n_logits=args.max_logits,
                       batch_size=args.batch_size, chat=args.chat, model_name=args.model,
@@ -792,13 +794,13 @@ def add_fidelity_arguments(parser) -> None:
     parser.add_argument("--text", required=True, help="held-out text (JSONL or lines)")
     parser.add_argument("--tokens", type=at_least(1), default=20000, help="scored tokens (at most)")
     parser.add_argument("--context", type=at_least(3), default=128)
-    parser.add_argument("--out", required=True, help="fidelity JSON")
+    add_out_argument(parser, required=True, help="fidelity JSON")
     parser.add_argument("--threads", type=at_least(1), default=1)
     add_dtype_argument(parser)
 
 
 def fidelity_command(args) -> int:
-    from interp.cli import lm_dtype
+    from interp.cli import LM_DTYPE, parse_dtype
     from interp.lm_text import read_documents, token_sequences
     from interp.models.lm import load_lm
 
@@ -807,7 +809,7 @@ def fidelity_command(args) -> int:
 
     torch.set_num_threads(args.threads)
     documents = read_documents(args.text)
-    lm = load_lm(args.model, dtype=lm_dtype(args.dtype))
+    lm = load_lm(args.model, dtype=parse_dtype(args.dtype, default=LM_DTYPE))
     transcoders = load_transcoders(args.transcoders, lm, model_name=args.model)
     sequences = scored_sequences(token_sequences(lm.tokenizer, documents, min(args.context, lm.n_ctx)), args.tokens)
     result = {"model": args.model, "transcoders": str(args.transcoders), "text": str(args.text),

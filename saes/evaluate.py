@@ -12,6 +12,9 @@ from typing import Iterable
 
 import torch
 
+from interp.cli import MIXED_DEFAULT, add_backend_argument, add_dtype_argument, add_out_argument, at_least, dtype_name
+
+from .pool import load_model, model_block
 from .sae import SAE
 
 
@@ -105,3 +108,79 @@ def write_eval(sae_dir, out, result: dict, table: str, overwrite: bool = False) 
     print(table, end="")
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return out
+
+
+def add_eval_arguments(parser) -> None:
+    """`saes eval`: where the activations come from (a store, or --world N generations), splice fidelity, and for a
+    language model's SAE the held-out --text."""
+    parser.add_argument("--sae", required=True, help="SAE directory (cfg.json + sae_weights.safetensors)")
+    parser.add_argument("--store", default=None, help="activation store to measure on")
+    parser.add_argument("--world", type=at_least(1), default=None, metavar="N",
+                        help="instead of a store: N fresh generations of shapes-world captions (needs --model)")
+    parser.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
+    parser.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
+    parser.add_argument("--model", default=None, help="toy, sdxl-turbo, ... : also measure splice-in fidelity")
+    parser.add_argument("--fidelity-images", type=at_least(0), default=32, help="images generated for splice fidelity")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="denoising steps (default: the store's, else the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    parser.add_argument("--block", default=None, help="default: the block the SAE was trained on")
+    parser.add_argument("--tokens", type=at_least(1), default=None, help="evaluate on at most this many vectors")
+    parser.add_argument("--batch-size", type=at_least(1), default=4096)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    parser.add_argument("--text", default=None, help="language models (with --model toy-chat, ...): held-out text "
+                                                     "(JSONL or plain) for CE loss clean / SAE spliced / zero-ablated, "
+                                                     "loss recovered and KL; --tokens caps the scored tokens")
+    parser.add_argument("--context", type=at_least(3), default=128, help="--text: tokens per sequence")
+    parser.add_argument("--sequences-per-batch", type=at_least(1), default=8, help="--text: sequences per forward pass")
+    add_backend_argument(parser, what="--text: ")
+    add_dtype_argument(parser, default=None, said=MIXED_DEFAULT)
+    add_out_argument(parser, default=None, help="JSON path (default: SAE_DIR/eval.json, or for a shipped SAE "
+                                                    "runs/eval/<its path>/eval.json; .md beside it)")
+
+
+def image_eval_command(args) -> int:
+    """`saes eval` for an SAE on a text-to-image model's block: EV, L0 and dead features on a store or --world N
+    generations, and with --model splice fidelity (`saes.lm_eval`'s `eval_command` sends a language model's SAE to
+    `lm_eval_command`)."""
+    from .train import open_store
+
+    sae = SAE.load(args.sae)
+    block = args.block or sae.cfg.metadata.get("hook_name")
+    if not block:
+        raise ValueError("the SAE does not name its block; pass --block")
+    if args.store is None and args.world is None:
+        raise ValueError("give the activations to evaluate on: --store DIR or --world N (with --model)")
+    if args.store is None and args.model is None:
+        raise ValueError("--world generates fresh images: it needs --model")
+    model = load_model(args) if args.model else None
+    if args.store is not None:
+        store, store_block = open_store(args.store, block)
+        batches = store.batches(store_block, batch_size=args.batch_size, shuffle=False)
+        prompts, seeds = store.prompts, list(store.manifest["seeds"])
+        if args.steps is None:
+            args.steps = int(store.manifest["steps"])
+    else:
+        from interp.ground_truth import world
+
+        from .pool import generate_pool
+
+        prompts = world("shapes").prompts(args.world, args.world_seed)  # --world N: the shapes world's captions
+        seeds = [args.seed + i for i in range(args.world)]
+        updates = generate_pool(model, [model_block(model, block)], prompts, seeds, steps=args.steps).updates
+        vectors = next(iter(updates.values())).permute(0, 2, 3, 1).reshape(-1, sae.cfg.d_in)
+        batches = vectors.split(args.batch_size)
+    result = evaluate(sae, batches, max_tokens=args.tokens)
+    result.update(sae=str(args.sae), block=block)
+    if model is not None:
+        result["model_dtype"] = dtype_name(model.denoiser.dtype)
+    table = markdown_table({block: result})
+    if model is not None and args.fidelity_images > 0:
+        from .fidelity import fidelity_table, splice_fidelity
+
+        n = min(args.fidelity_images, len(prompts))
+        result["splice_fidelity"] = splice_fidelity(model, sae, model_block(model, block), prompts[:n], seeds[:n],
+                                                    steps=args.steps, progress=True)
+        table += "\n" + fidelity_table({block: result["splice_fidelity"]})
+    write_eval(args.sae, args.out, result, table, overwrite=args.overwrite)
+    return 0

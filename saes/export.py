@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write
+from interp.cli import add_out_argument
 from interp.shipped import refuse_shipped
 
 from .pool import FEATURES_FILENAME, load_analysis_images, load_pool_seeds
@@ -444,7 +445,7 @@ NEURONPEDIA_FEATURE_FIELDS = (
 def add_export_arguments(parser) -> None:
     parser.add_argument("--sae", required=True, nargs="+", help="SAE directories with feature cards (features.json)")
     parser.add_argument("--format", required=True, help=f"one of: {', '.join(FORMATS)}")
-    parser.add_argument("--out", required=True, help="output directory (one subdirectory per SAE when several)")
+    add_out_argument(parser, required=True, help="output directory (one subdirectory per SAE when several)")
     parser.add_argument("--features-per-batch", type=int, default=128)
     parser.add_argument("--sae-set", default=None, help="the SAE set / Neuronpedia source set name (res-<d_sae>)")
     parser.add_argument("--release", default="interp-workbench", help="Neuronpedia release name")

@@ -19,12 +19,14 @@ import os
 from pathlib import Path
 
 from interp.atomic import atomic_write_text
+from interp.cli import MIXED_DEFAULT, add_backend_argument, add_dtype_argument, add_out_argument, at_least, probability
 from interp.shipped import refuse_shipped
 
-from .pool import FEATURES_FILENAME, AnalysisPool, orphaned_cards, pool_fingerprint, write_pool
+from .pool import (FEATURES_FILENAME, AnalysisPool, load_model, model_block, orphaned_cards, pool_fingerprint,
+                   write_pool)
 from .probes import AnalysisConfig, analyse_block, check_block_grid
 from .render import render_html
-from .sae import SAE
+from .sae import CFG_FILENAME, SAE
 from .strict_json import write_json
 
 SUMMARY_FILENAME = "features_summary.json"
@@ -123,3 +125,112 @@ def best_blocks(summaries: dict[str, dict]) -> dict[str, dict]:
             if label not in best or entry["best_auroc"] > best[label]["auroc"]:
                 best[label] = {"block": block, "feature": entry["best_feature"], "auroc": entry["best_auroc"]}
     return best
+
+
+STORE_POOL_IMAGES = 400  # `saes features --store` without --images: the pool's size
+
+
+def sae_dirs(paths: list[str]) -> list[Path]:
+    """SAE directories: each path is one (cfg.json inside) or holds one per block."""
+    dirs = []
+    for path in map(Path, paths):
+        if (path / CFG_FILENAME).is_file():
+            dirs.append(path)
+        elif path.is_dir() and any(path.glob(f"*/{CFG_FILENAME}")):
+            dirs.extend(sorted(p.parent for p in path.glob(f"*/{CFG_FILENAME}")))
+        else:
+            raise ValueError(f"{path} is not an SAE directory (no {CFG_FILENAME}) nor a directory of them")
+    return dirs
+
+
+def add_features_arguments(parser) -> None:
+    """`saes features`: the SAEs, the analysis images (a store or --world N generations), the cards' options, and
+    for a language model's SAEs the --text corpus."""
+    parser.add_argument("--model", default="toy", help="the model the SAEs belong to (images are generated with it)")
+    parser.add_argument("--sae", required=True, nargs="+",
+                        help="SAE directories, or a directory with one SAE per block (e.g. saes/pretrained/toy)")
+    parser.add_argument("--store", default=None, help="analyse the first --images images of this activation store")
+    parser.add_argument("--world", type=int, default=None, metavar="N", help="analyse N fresh shapes-world images")
+    parser.add_argument("--world-seed", type=int, default=1, help="seed of the --world captions")
+    parser.add_argument("--seed", type=int, default=0, help="image i is generated with seed + i (--world)")
+    parser.add_argument("--images", type=at_least(1), default=None,
+                        help=f"with --store: how many of its images (default: {STORE_POOL_IMAGES}, or all it holds if "
+                             f"fewer)")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    parser.add_argument("--top", type=int, default=6, help="top-activating images per feature")
+    parser.add_argument("--label-min-auroc", type=probability, default=0.7, help="AUROC a label needs (0 to 1)")
+    parser.add_argument("--pool-dir", default=None, help="where the image pool goes (default: parent of the first SAE)")
+    parser.add_argument("--model-name", default=None, help="the model's name in features.json (default: --model)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="rewrite files shipped with the repository (saes/pretrained/...) and replace an image "
+                             "pool that other blocks' cards point into; without it either is an error")
+    add_dtype_argument(parser, default=None, said=MIXED_DEFAULT)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    add_out_argument(parser, default=None, help="directory for features.html and features_summary.json (LM "
+                                                    "SAEs: for features.json and features.html; default: the SAE's)")
+    parser.add_argument("--text", default=None, help="SAEs on a language model's residual stream: the corpus (JSONL "
+                                                     "with Dolly's or text fields, or plain text lines)")
+    parser.add_argument("--tokens", type=at_least(1), default=20_000, help="--text: corpus tokens analysed")
+    add_backend_argument(parser, what="--text: ")
+
+
+def image_features_command(args) -> int:
+    """`saes features` for SAEs on a text-to-image model's blocks: cards over an image pool (`saes.lm_features`'
+    `features_command` sends a language model's SAEs to `lm_features_command`)."""
+    from .pool import generate_pool, store_pool
+    from .sae import check_sae_model
+
+    if args.out is None:
+        raise ValueError("give --out DIR, where features.html and features_summary.json go")
+    if (args.store is None) == (args.world is None):
+        raise ValueError("give exactly one source of analysis images: --store DIR or --world N")
+    if args.world is not None and args.world < 1:
+        raise ValueError("the number of analysis images must be at least 1")
+    if args.top < 1:
+        raise ValueError("--top must be at least 1")
+    directories = sae_dirs(args.sae)
+    if not args.overwrite:  # before any image is generated; analyse checks the rest before writing
+        refuse_shipped(directories + [args.pool_dir or default_pool_dir(directories), args.out], "saes features",
+                       ANALYSE_ELSEWHERE)
+    model = load_model(args)
+    saes = {}
+    for directory in directories:
+        sae = SAE.load(directory)
+        check_sae_model({directory.name: sae}, args.model, directory)  # cards of toy-v2's SAEs on toy mean nothing
+        block = sae.cfg.metadata.get("hook_name") or directory.name
+        block = model_block(model, block)
+        if sae.cfg.d_in != model.blocks[block].channels:
+            raise ValueError(f"the SAE in {directory} reads {sae.cfg.d_in} channels but {block} has "
+                             f"{model.blocks[block].channels}")
+        if block in saes:
+            raise ValueError(f"two SAEs given for {block}: {saes[block][1]} and {directory}")
+        saes[block] = (sae, directory)
+    if args.store is not None:
+        from interp.store import ActivationStore
+
+        store = ActivationStore(args.store)
+        missing = [b for b in saes if b not in store.blocks]
+        if missing:
+            raise ValueError(f"the store at {args.store} lacks {', '.join(missing)}; it has: {', '.join(store.blocks)}")
+        if args.images is not None and args.images > len(store):
+            raise ValueError(f"--images {args.images}: the store at {args.store} holds {len(store)} images; "
+                             f"give at most {len(store)}")
+        pool = store_pool(model, store, list(saes), args.images or min(STORE_POOL_IMAGES, len(store)))
+    else:
+        from interp.ground_truth import world
+
+        for block in saes:  # the cards label by the world's cells: a block too coarse for them, before any image
+            check_block_grid(block, model.blocks[block].height, model.blocks[block].width, world("shapes"))
+        prompts = world("shapes").prompts(args.world, args.world_seed)  # --world N: the shapes world's captions
+        pool = generate_pool(model, list(saes), prompts, [args.seed + i for i in range(args.world)],
+                             steps=args.steps)
+    config = AnalysisConfig(n_top_images=args.top, label_min_auroc=args.label_min_auroc)
+    summary = analyse(saes, pool, args.model_name or args.model, args.out, config, pool_dir=args.pool_dir,
+                      overwrite=args.overwrite)
+    for block, entry in summary["blocks"].items():
+        print(f"{block}: {entry['live_features']} of {entry['features']} features fire on the pool, "
+              f"{entry['labelled_features']} labelled (AUROC >= {args.label_min_auroc})")
+    print(f"wrote features.json beside each SAE, the image pool, {Path(args.out) / 'features.html'} and "
+          f"{Path(args.out) / 'features_summary.json'}")
+    return 0

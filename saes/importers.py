@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from interp.cli import add_out_argument
+
 from .sae import SAE, SAEConfig, SAEFormatError, check_finite
 
 SDXL_TURBO_K = 10
@@ -66,3 +68,19 @@ def import_openai_topk(checkpoint: str | Path, k: int | None = None, **metadata)
                 raise SAEFormatError(f"{path} should hold one value per feature, shape ({d_sae},)")
             setattr(sae, attribute, values.float())
     return sae
+
+
+def add_import_sdxl_arguments(parser) -> None:
+    """`saes import-sdxl`: the published checkpoint and where its sae-lens directory goes."""
+    parser.add_argument("--checkpoint", required=True, help="state_dict.pth or its directory (with mean.pt / std.pt)")
+    add_out_argument(parser, required=True)
+    parser.add_argument("--block", default=None, help="block name to record, e.g. unet.down_blocks.2.attentions.1")
+    parser.add_argument("--k", type=int, default=None, help="default: config.json beside it, else 10")
+
+
+def import_sdxl_command(args) -> int:
+    metadata = {"hook_name": args.block} if args.block else {}
+    sae = import_openai_topk(args.checkpoint, k=args.k, **metadata)
+    sae.save(args.out)
+    print(f"wrote {args.out} (topk, d_in={sae.cfg.d_in}, d_sae={sae.cfg.d_sae}, k={sae.cfg.k})")
+    return 0

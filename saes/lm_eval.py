@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from interp.cli import lm_dtype
+from interp.cli import LM_DTYPE, parse_dtype
 
 from .evaluate import evaluate, markdown_table, write_eval
 from .sae import SAE
@@ -177,7 +177,7 @@ def lm_eval_command(args) -> int:
         torch.set_num_threads(args.threads)
         documents = read_documents(args.text)  # bad files fail before the model loads
         lm = load_lm(args.model, backend=getattr(args, "backend", "hf"), device=getattr(args, "device", None) or "cpu",
-                     dtype=lm_dtype(args.dtype))
+                     dtype=parse_dtype(args.dtype, default=LM_DTYPE))
         check_sae_for_model(sae, lm, hook)
         recorded = sae.cfg.metadata.get("model_name")
         if recorded and recorded != args.model:
@@ -202,3 +202,13 @@ def lm_eval_command(args) -> int:
 
 
 __all__ = ["check_sae_for_model", "lm_eval_command", "lm_table", "scored_sequences", "splice_losses", "wants_lm_eval"]
+
+
+def eval_command(args) -> int:
+    """`python -m saes eval`: a language model's SAE here (splice loss on --text, EV on an LM store), any other in
+    `saes.evaluate.image_eval_command`."""
+    from .evaluate import image_eval_command
+
+    if wants_lm_eval(args):
+        return lm_eval_command(args)
+    return image_eval_command(args)

@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write_text
-from interp.cli import dtype_name, lm_dtype
+from interp.cli import LM_DTYPE, dtype_name, parse_dtype
 from interp.hooks.lm_steer import is_residual_hook
-from interp.models.spec import LM
+from interp.models.spec import LM, saved_kind
 from interp.models.spec import saved_hook_name as sae_hook_name  # what an SAE directory reads (named here too)
 from interp.shipped import refuse_shipped
 
@@ -418,7 +418,7 @@ def lm_features_command(args) -> int:
         refuse_shipped(out_dirs, "saes features", ANALYSE_ELSEWHERE)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load_lm(model, backend=getattr(args, "backend", "hf"), dtype=lm_dtype(getattr(args, "dtype", None)))
+    lm = load_lm(model, backend=getattr(args, "backend", "hf"), dtype=parse_dtype(getattr(args, "dtype", None), default=LM_DTYPE))
     for (directory, sae), out in zip(saes, out_dirs):
         payload = analyse_lm_sae(lm, sae, args.text, out, config, model_name=args.model_name or model,
                                  sae_dir=directory, overwrite=args.overwrite)
@@ -432,3 +432,13 @@ def lm_features_command(args) -> int:
 __all__ = ["LMAnalysisConfig", "analyse_lm_sae", "card_html", "encode_corpus", "feature_cards",
            "lm_features_command", "load_lm_cards", "logit_tokens", "render_html", "sae_hook_name",
            "tokenize_corpus"]
+
+
+def features_command(args) -> int:
+    """`python -m saes features`: a language model's SAEs here (cards over --text), any other in
+    `saes.features.image_features_command` (cards over an image pool)."""
+    from .features import image_features_command
+
+    if args.text is not None or any(saved_kind(path) == LM for path in args.sae):
+        return lm_features_command(args)
+    return image_features_command(args)

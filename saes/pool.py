@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from interp.atomic import atomic_write
+from interp.cli import parse_dtype
 
 from .strict_json import dumps, write_json
 
@@ -164,3 +165,32 @@ def orphaned_cards(pool_dir: Path, blocks_written: set[Path], new_fingerprint: s
         if cards_match_pool(json.loads(cards_path.read_text()), current, len(images)):
             orphaned.append(str(cards_path))
     return orphaned
+
+
+def load_model(args):
+    """The text-to-image model a `saes` command generates with: --model in --dtype (on --device), torch using
+    --threads, and --steps / --guidance as its defaults."""
+    from interp.models import load_t2i
+
+    torch.set_num_threads(args.threads)
+    model = load_t2i(args.model, device=getattr(args, "device", None), dtype=parse_dtype(getattr(args, "dtype", None)))
+    # --steps / --guidance replace the model's defaults for every generation of the command
+    # (a pipeline outside the known names defaults to its pipeline class's own steps and guidance).
+    if getattr(args, "steps", None) is not None:
+        model.check_request(args.steps)
+        model.default_steps = args.steps
+    if getattr(args, "guidance", None) is not None:
+        model.default_guidance = float(args.guidance)
+    return model
+
+
+def model_block(model, block: str) -> str:
+    """The block's name in the model (`unet.` prefix dropped), or a clear error."""
+    name = block[len("unet."):] if block.startswith("unet.") else block
+    if name in getattr(model, "text_sites", {}):
+        raise ValueError(f"{name} is a text stream (tokens, no image grid): feature cards, heatmaps and splice "
+                         f"fidelity read a block's image grid; train and evaluate its SAE on a store "
+                         f"(saes train / saes eval --store)")
+    if name not in model.blocks:
+        raise ValueError(f"{model.name} has no block {block!r}; its blocks are: {', '.join(model.blocks)}")
+    return name

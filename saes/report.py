@@ -9,14 +9,16 @@ AUROC >= 0.9 in some block. The report names its world ("world"), whose attribut
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from interp.atomic import atomic_write_text
+from interp.cli import add_dtype_argument, add_out_argument, at_least
 
 from .evaluate import evaluate
 from .fidelity import fidelity_table, splice_fidelity
-from .pool import generate_pool
+from .pool import generate_pool, load_model
 from .probes import cell_probe_accuracy, direction_ceiling, mixture_distances
 from .sae import SAE, load_sae_set
 from .strict_json import write_json
@@ -333,3 +335,83 @@ def write_report(report: dict, out_dir: str | os.PathLike) -> str:
     atomic_write_text(out / REPORT_MD, md)
     return md
 
+
+def add_report_arguments(parser) -> None:
+    """`saes report`: the SAEs under --root, the fresh generations they are measured on, the feature analysis."""
+    parser.add_argument("--model", default="toy")
+    parser.add_argument("--root", required=True, help="directory with one SAE per block (e.g. saes/pretrained/toy)")
+    parser.add_argument("--features-summary", default=None, help="features_summary.json of `python -m saes features`")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    parser.add_argument("--store", default=None, help="the training activation store: dead features over all of it")
+    parser.add_argument("--eval-images", type=int, default=500, help="fresh images for EV, L0, dead features")
+    parser.add_argument("--fidelity-images", type=int, default=64, help="images for splice fidelity")
+    parser.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
+    parser.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
+    parser.add_argument("--notes-file", default=None, help="markdown appended to REPORT.md as its Notes section")
+    parser.add_argument("--model-name", default=None, help="the model's name in the report (default: --model)")
+    add_dtype_argument(parser, default=None)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    add_out_argument(parser, default=None, help="default: --root")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="rewrite REPORT.md and report.json shipped with the repository (saes/pretrained/...)")
+
+
+def report_command(args) -> int:
+    from interp.shipped import refuse_shipped
+
+    if not args.overwrite:
+        refuse_shipped([args.out or args.root], "saes report", "pass --out DIR to write the report elsewhere")
+    model = load_model(args)
+    if args.model_name:
+        model.name = args.model_name
+    summary = json.loads(Path(args.features_summary).read_text()) if args.features_summary else None
+    store = None
+    if args.store:
+        from interp.store import ActivationStore
+
+        store = ActivationStore(args.store)
+    report = build_report(model, args.root, n_eval_images=args.eval_images, n_fidelity_images=args.fidelity_images,
+                          features_summary=summary, world_seed=args.world_seed, seed=args.seed, store=store)
+    if args.notes_file:
+        report["notes"] = Path(args.notes_file).read_text().strip()
+    from interp.models.t2i import resolve
+
+    source = resolve(args.model)[0]
+    if os.path.isdir(source):  # which weights the SAEs were measured on: checkable later
+        report["model_weights_sha256"] = weights_fingerprint(source)
+    md = write_report(report, args.out or args.root)
+    print(md, end="")
+    return 0
+
+
+def add_probe_arguments(parser) -> None:
+    """`saes probe`: the model and the fresh generations its blocks are probed on."""
+    parser.add_argument("--model", default="toy", help="toy, a saved pipeline directory (e.g. a recipe run's), ...")
+    parser.add_argument("--images", type=int, default=300, help="fresh shapes-world generations")
+    parser.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    parser.add_argument("--guidance", type=float, default=None, help="classifier-free guidance (default: the model's)")
+    parser.add_argument("--world-seed", type=int, default=2, help="seed of the fresh captions")
+    parser.add_argument("--seed", type=int, default=100_000, help="image i is generated with seed + i")
+    parser.add_argument("--ablate-images", type=at_least(0), default=200,
+                        help="generations with each block ablated in turn, read by the probe (0: none)")
+    add_dtype_argument(parser, default=None)
+    parser.add_argument("--threads", type=at_least(1), default=1)
+    add_out_argument(parser, required=True, help="directory for probes.json and PROBES.md")
+
+
+def probe_command(args) -> int:
+    from interp.atomic import atomic_write_text
+
+    from .strict_json import write_json
+
+    model = load_model(args)
+    probes = probe_blocks(model, n_images=args.images, world_seed=args.world_seed, seed=args.seed,
+                          ablate_images=args.ablate_images)
+    md = probe_markdown(probes)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "probes.json", probes, indent=2)
+    atomic_write_text(out / "PROBES.md", md)
+    print(md, end="")
+    return 0

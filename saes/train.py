@@ -22,6 +22,7 @@ last checkpoint and any SAE files already in the directory stay as they were.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -34,10 +35,11 @@ import torch
 import torch.distributed as dist
 
 from interp.atomic import atomic_write, atomic_write_text
+from interp.cli import add_out_argument, at_least, parse_options
 
 from .sae import SAE
 from .strict_json import dumps, write_json
-from .trainers import TRAINERS, make_trainer
+from .trainers import TRAINERS, TRANSCODER_TRAINERS, make_trainer
 
 CHECKPOINT_FILENAME = "checkpoint.pt"
 LOG_FILENAME = "train_log.jsonl"
@@ -381,3 +383,121 @@ def train(config: TrainConfig, batches: Iterable[torch.Tensor], out_dir: str | o
     if world > 1:
         dist.barrier()
     return sae
+
+
+def open_store(path: str, block: str):
+    """(the store, the block's name in it): the store names blocks as the model does, without `unet.`."""
+    from interp.store import ActivationStore  # written by interp; imported only when a store is used
+
+    store = ActivationStore(path)
+    name = block.removeprefix("unet.")
+    if name not in store.blocks:
+        raise ValueError(f"block {block!r} is not in the store at {path}; it has: {', '.join(store.blocks)}")
+    return store, name
+
+
+def store_channels(store, block: str) -> int:
+    """The block's channel count: from the store's manifest if it says, else from a first batch."""
+    if hasattr(store, "channels"):
+        return int(store.channels(block))
+    first = next(iter(store.batches(block, batch_size=2, shuffle=False)), None)
+    if first is None:
+        raise ValueError(f"block {block!r} of the store holds no activations")
+    return int(first.shape[1])
+
+
+def store_metadata(store, block: str, path: str) -> dict:
+    """The SAE's metadata: its hook and sae-lens' model_name (the store's model); for a language-model store also
+    context_size, prepend_bos and dataset_path, so that sae-lens and TransformerLens users can attach it."""
+    from interp.names import LM
+
+    metadata = {"hook_name": block, "store": str(path)}
+    if store.manifest.get("model"):  # which model the SAE reads: the SAE is refused with any other
+        metadata["model_name"] = store.manifest["model"]
+    if getattr(store, "kind", None) == LM:
+        manifest = store.manifest
+        metadata.update(model_name=manifest["model"], context_size=int(manifest["context"]), prepend_bos=True,
+                        dataset_path=manifest["text"])
+    return metadata
+
+
+def add_train_arguments(parser) -> None:
+    """`saes train`: the store and block, the architecture and its sizes, the schedule, resuming."""
+    parser.add_argument("--store", required=True, help="activation store directory (python -m interp collect)")
+    parser.add_argument("--block", required=True, help="block name, e.g. unet.mid_block.attentions.0")
+    add_out_argument(parser, required=True, help="output directory: SAE, checkpoint, train_log.jsonl")
+    parser.add_argument("--architecture", default="topk",
+                        help="topk or p-anneal (ours), or sae-lens': batchtopk, matryoshka, jumprelu, standard, gated, "
+                             "lens-topk; transcoders (with --target-block): topk-transcoder, batchtopk-transcoder")
+    parser.add_argument("--target-block", default=None,
+                        help="transcoders: the block they write (blocks.L.mlp.hook_out; --block is then the MLP's "
+                             "input blocks.L.mlp.hook_in), from the same store")
+    parser.add_argument("--d-sae", type=int, default=5120)
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--tokens", type=int, default=20_000_000, help="training vectors in total")
+    parser.add_argument("--dead-after-tokens", type=int, default=10_000_000)
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="architecture option, e.g. aux_k=256, l1_coefficient=5 or matryoshka_widths=[32,128,256]")
+    parser.add_argument("--log-every", type=int, default=10, help="steps between log lines")
+    parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--autocast", action="store_true",
+                        help="topk: the dense encoder product in bfloat16 (about 1.5x faster a step on a CPU with AMX, "
+                             "the same EV; it only chooses the k latents, whose values and gradients stay float32)")
+    parser.add_argument("--threads", type=at_least(1),
+                        default=max(1, (os.cpu_count() or 1) // int(os.environ.get("WORLD_SIZE", "1"))))
+    parser.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
+    parser.add_argument("--shard-latents", action="store_true",
+                        help="topk under torchrun: each process holds d_sae / world latents (exact global top k); "
+                             "checkpoints hold the whole SAE (docs/distributed.md)")
+
+
+def train_command(args) -> int:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        from interp.distributed import init_process_group
+
+        init_process_group()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    torch.set_num_threads(args.threads)
+    store, block = open_store(args.store, args.block)
+    target = None
+    if (args.target_block is None) != (args.architecture not in TRANSCODER_TRAINERS):
+        raise ValueError(f"--target-block goes with a transcoder architecture ({', '.join(TRANSCODER_TRAINERS)}) "
+                         "and a transcoder architecture needs it")
+    metadata = store_metadata(store, block, args.store)
+    if args.target_block is not None:
+        target = open_store(args.store, args.target_block)[1]
+        metadata["hook_name_out"] = target
+    config = TrainConfig(architecture=args.architecture, d_in=store_channels(store, block),
+                         d_out=store_channels(store, target) if target else 0, d_sae=args.d_sae, k=args.k,
+                         batch_size=args.batch_size, lr=args.lr, total_tokens=args.tokens,
+                         dead_after_tokens=args.dead_after_tokens, options=parse_options(args.option),
+                         log_every_steps=args.log_every, checkpoint_every_steps=args.checkpoint_every,
+                         seed=args.seed, metadata=metadata, autocast=args.autocast,
+                         shard_latents=args.shard_latents).validate()
+
+    def stream():
+        """Epochs of shuffled batches, for as long as training asks; rank r takes every world-th batch.
+        Under DDP only full batches are used, so that every rank counts the same tokens per step."""
+        for epoch in itertools.count():
+            batches = store.batches(block, batch_size=args.batch_size, shuffle=True, seed=args.seed + epoch,
+                                    paired=target)
+            if world > 1:
+                batches = (batch for batch in batches if len(batch) == args.batch_size)
+            yielded = 0
+            for batch in itertools.islice(batches, rank, None, world):
+                yielded += 1
+                yield batch
+            if yielded == 0:
+                raise ValueError(f"block {block!r} of the store has too few vectors for one batch of "
+                                 f"{args.batch_size} per process; lower --batch-size")
+
+    train(config, stream(), args.out, resume=not args.restart)
+    if rank == 0:
+        print(f"wrote {args.out} ({config.architecture}, d_in={config.d_in}, d_sae={config.d_sae})")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0

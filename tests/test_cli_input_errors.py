@@ -17,9 +17,10 @@ import pytest
 import torch
 
 import flowlens.diversity
-import interp.__main__
-import riebench.__main__
-import saes.__main__
+import interp.models.listing
+import riebench.report
+import saes.features
+import saes.report
 from flowlens.__main__ import main as flowlens_main
 from interp.__main__ import main as interp_main
 from interp.models.t2i import MAX_SEED, ModelError, check_device
@@ -287,9 +288,9 @@ def test_riebench_run_on_a_model_with_an_unsafe_pickle_is_a_message_naming_it(tm
 
 # ----------------------------------------------------------------------------- one behaviour for four CLIs
 
-CLIS = {"interp": (interp_main, ["blocks"], interp.__main__, "_blocks"),
-        "saes": (saes_main, ["report", "--root", "x"], saes.__main__, "_report"),
-        "riebench": (riebench_main, ["report", "x"], riebench.__main__, "_report"),
+CLIS = {"interp": (interp_main, ["blocks"], interp.models.listing, "blocks_command"),
+        "saes": (saes_main, ["report", "--root", "x"], saes.report, "report_command"),
+        "riebench": (riebench_main, ["report", "x"], riebench.report, "report_command"),
         "flowlens": (flowlens_main, ["diversity", "x"], flowlens.diversity, "diversity_command")}
 
 
@@ -327,7 +328,7 @@ def _digests(root: Path) -> dict[str, str]:
 
 def test_features_refuses_to_rewrite_the_shipped_cards_and_pool(tmp_path, capsys, monkeypatch):
     before = _digests(SHIPPED)
-    monkeypatch.setattr(saes.__main__, "_load_model", lambda args: pytest.fail("refused only after loading"))
+    monkeypatch.setattr(saes.features, "load_model", lambda args: pytest.fail("refused only after loading"))
     code, err = run_cli(saes_main, ["features", "--sae", str(SHIPPED / MID), "--world", "2", "--out",
                                     str(tmp_path / "out")], capsys)
     assert code == 2 and "would rewrite files shipped with the repository" in err and "--overwrite" in err

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from flowlens.__main__ import main
 from flowlens.diversity import DataError
-from flowlens.finetune import FinetuneConfig, collate, finetune, tokenize_examples
+from flowlens.finetune import FinetuneConfig, finetune
+from flowlens.sft_data import collate, tokenize_examples
 from flowlens.tiny import tiny_llama, word_level_tokenizer
 from flowlens.vcl import VCLConfig
 

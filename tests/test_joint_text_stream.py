@@ -187,10 +187,10 @@ def test_an_unmasked_edit_acts_on_every_text_token_and_a_mask_is_refused():
 
 
 def test_feature_cards_refuse_a_text_stream_in_one_line():
-    from saes.__main__ import _model_block
+    from saes.pool import model_block
 
     with pytest.raises(ValueError, match="is a text stream"):
-        _model_block(model_of("flux"), "single_transformer_blocks.0:text")
+        model_block(model_of("flux"), "single_transformer_blocks.0:text")
 
 
 def test_the_hooks_command_lists_the_text_streams(tmp_path, capsys):

@@ -125,7 +125,7 @@ def test_store_holds_the_residuals_of_every_token_but_the_start_token_and_no_pad
 def test_collection_resumes_writing_only_the_missing_shard(store, corpus, tmp_path, monkeypatch):
     import shutil
 
-    import interp.collect as collect_module
+    import interp.collect_lm as collect_module
 
     copy = tmp_path / "store"
     shutil.copytree(store, copy)

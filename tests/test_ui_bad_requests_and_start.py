@@ -125,7 +125,7 @@ def test_lm_steering_shows_progress_and_stops_at_cancel(bench):
 
 
 def test_the_vcl_tabs_live_curves_are_bounded_at_any_length():
-    from flowlens.finetune import loss_curves_figure
+    from flowlens.training_log import loss_curves_figure
     from ui.vcl import FIGURE_INTERVAL_S, LIVE_PLOT_POINTS
 
     entries = [{"step": i + 1, "loss": 1 / (i + 1), "sft_loss": 1.0, "vcl_loss": 0.5} for i in range(2000)]
@@ -316,7 +316,7 @@ def test_data_files_with_a_byte_order_mark_are_read(tmp_path):
     """A JSONL file that starts with a UTF-8 BOM was refused (FlowLens, diversity and VCL share the reader)."""
     from flowlens.analyze import read_prompts
     from flowlens.diversity import read_texts
-    from flowlens.finetune import read_sft_data
+    from flowlens.sft_data import read_sft_data
     from flowlens.refusals import read_xstest_csv
     from interp.lm_text import read_documents
 

@@ -100,7 +100,8 @@ class VCLTab:
             sign: str, pooling: str, steps, lr, batch_size, eval_per_kind, request: gr.Request = None,
             progress=gr.Progress()):
         """Fine-tune a fresh copy of the model with SFT + lambda x VCL; streams the loss curves."""
-        from flowlens.finetune import FinetuneConfig, finetune, loss_curves_figure, read_log
+        from flowlens.finetune import FinetuneConfig, finetune
+        from flowlens.training_log import loss_curves_figure, read_log
         from flowlens.vcl import VCLConfig
         from flowlens.refusals import context_length
         from interp.models.lm import load_hf_lm

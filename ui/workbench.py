@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from interp.cli import dtype_name, lm_dtype, t2i_dtype
+from interp.cli import LM_DTYPE, dtype_name, parse_dtype
 from interp.models import load_t2i
 from ui.common import Blocks, Sessions
 from ui.features import build_features_tab
@@ -63,7 +63,7 @@ class Workbench(Sessions):
     @functools.cached_property
     def t2i(self):
         with self._lock:
-            return load_t2i(self.model_name, dtype=t2i_dtype(self.dtype))
+            return load_t2i(self.model_name, dtype=parse_dtype(self.dtype))
 
     @functools.cached_property
     def library(self):
@@ -111,7 +111,7 @@ class Workbench(Sessions):
         self.known_lm(name)
         with self._lock:
             if name not in self._lms:
-                self._lms[name] = load_lm(name, dtype=lm_dtype(self.lm_dtype))
+                self._lms[name] = load_lm(name, dtype=parse_dtype(self.lm_dtype, default=LM_DTYPE))
         return self._lms[name]
 
 

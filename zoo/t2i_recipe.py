@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from interp.cli import at_least
+from interp.cli import add_out_argument, at_least
 from . import shapes
 from .t2i import T2I_CONFIGS, T2IConfig, build_pipeline, build_tokenizer_files, t2i_config
 from .training import lr_at, save_checkpoint
@@ -543,7 +543,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="runs/t2i", help="run directory: checkpoints, log.jsonl")
+    add_out_argument(parser, default="runs/t2i", help="run directory: checkpoints, log.jsonl")
     parser.add_argument("--save-to", default=None, help="where to save the final pipeline (default OUT/pipeline)")
     parser.add_argument("--config", default="v1", choices=sorted(T2I_CONFIGS),
                         help="the model's sizes (zoo.t2i.T2I_CONFIGS): v1, the shipped toy; sdxl-proportions, "

@@ -23,7 +23,7 @@ def markdown_table(results: dict) -> str:
 
 def add_evaluate_arguments(parser) -> None:
     """`python -m zoo evaluate`'s options."""
-    from interp.cli import add_dtype_argument
+    from interp.cli import add_dtype_argument, add_out_argument
 
     parser.add_argument("--model", default="toy", help="model name or directory (default: the embedded toy model)")
     parser.add_argument("--n", type=int, default=500, help="generations per object count")
@@ -32,7 +32,7 @@ def add_evaluate_arguments(parser) -> None:
                         help="denoising steps (default: the model's own: 1 for the toys, a toy-base's recipe.json)")
     parser.add_argument("--guidance", type=float, default=None,
                         help="classifier-free guidance scale (default: the model's own; 0 = none)")
-    parser.add_argument("--out", default=None, help="write JSON and a markdown table here")
+    add_out_argument(parser, default=None, help="write JSON and a markdown table here")
     add_dtype_argument(parser, what="the pipeline")
     parser.add_argument("--zero-pooled-text", action="store_true",
                         help="set the pooled prompt embedding (the prompt's path into the time embedding) to zero, "

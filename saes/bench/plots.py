@@ -190,12 +190,12 @@ def write_html(rows, path: Path, plotlyjs: str = "inline") -> None:
 
 
 def main(argv=None) -> int:
-    from interp.cli import run_command
+    from interp.cli import add_out_argument, run_command
     from interp.shipped import add_overwrite_options
 
     parser = argparse.ArgumentParser(prog="python -m saes.bench.plots", description=__doc__.split("\n")[0])
     parser.add_argument("--results", nargs="+", required=True, help="folders holding saes bench results")
-    parser.add_argument("--out", required=True, help="folder for metrics_vs_l0.png and metrics_vs_l0.html")
+    add_out_argument(parser, required=True, help="folder for metrics_vs_l0.png and metrics_vs_l0.html")
     parser.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
                         help="inline: a standalone page (about 5 MB); cdn: a small page that loads plotly.js")
 

@@ -19,13 +19,13 @@ from .schema import envelope, result_path, validate, schemas, write_result
 
 
 def _load_model(name: str, kind: str, options: BenchOptions):
-    from interp.cli import lm_dtype
+    from interp.cli import LM_DTYPE, parse_dtype
     from interp.models.spec import model_spec
 
     if kind == "lm":
         from interp.models.lm import load_lm
 
-        return load_lm(name, backend="hf", device=options.device, dtype=lm_dtype(options.dtype))
+        return load_lm(name, backend="hf", device=options.device, dtype=parse_dtype(options.dtype, default=LM_DTYPE))
     return model_spec(name).load()
 
 
@@ -125,13 +125,13 @@ def run_bench(sae_dirs, model_name: str, eval_names: str, out_dir, options_for, 
 
 
 def add_bench_arguments(parser) -> None:
-    from interp.cli import add_dtype_argument, at_least
+    from interp.cli import add_dtype_argument, add_out_argument, at_least
 
     parser.add_argument("--sae", required=True, nargs="+", help="SAE directories (sae-lens format, cfg.json inside)")
     parser.add_argument("--model", required=True, help="the model the SAEs read (e.g. toy-chat, smollm2-135m-instruct)")
     parser.add_argument("--evals", default="core,sparse_probing",
                         help="comma-separated eval types (default: core,sparse_probing)")
-    parser.add_argument("--out", default="runs/saebench",
+    add_out_argument(parser, default="runs/saebench",
                         help="output folder: <out>/<eval>/interp-workbench_<sae>_eval_results.json")
     parser.add_argument("--n-tokens", type=at_least(*LIMITS["n_tokens"]), default=20_000,
                         help="tokens of held-out text the core eval scores (default 20000)")
