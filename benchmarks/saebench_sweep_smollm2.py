@@ -153,34 +153,30 @@ def publish(run: Path, publish_dir: Path, docs: Path) -> None:
     rows = collect([publish_dir, SHIPPED / "saebench"])
     write_png(rows, docs / "metrics_vs_l0.png")
     write_html(rows, docs / "metrics_vs_l0.html", "cdn")
-    training_curves([publish_dir / n for n in names], SHIPPED, docs / "training_curves.png")
+    training_curves([publish_dir / n for n in names], docs / "training_curves.png")
     print(markdown_table(rows), end="")
     log(f"published {len(names)} SAEs into {publish_dir}; plots in {docs}")
 
 
-def training_curves(folders, shipped: Path, path: Path) -> None:
-    """Each SAE's training explained variance and L0 (train_log.jsonl) against training tokens, the shipped SAE's
-    beside them (its train_log.jsonl is not shipped: its final figures from train_summary.json, one point)."""
+def training_curves(folders, path: Path) -> None:
+    """Each SAE's training explained variance (per batch) and dead latents (train_log.jsonl) against training
+    tokens: whether the run had converged."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ev_ax, l0_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ev_ax, dead_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for folder in folders:
         lines = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines() if line.strip()]
         tokens = [line["tokens"] for line in lines]
         ev_ax.plot(tokens, [line["explained_variance"] for line in lines], lw=1.2, label=folder.name)
-        l0_ax.plot(tokens, [line["l0"] for line in lines], lw=1.2, label=folder.name)
-    summary = json.loads((shipped / "train_summary.json").read_text())
-    ev_ax.scatter([summary["tokens"]], [summary["final_metrics"]["explained_variance"]], marker="*", s=90,
-                  color="k", label="shipped topk k=32 (3M tokens, end)")
-    for ax, title in ((ev_ax, "training explained variance (per batch)"), (l0_ax, "training L0")):
+        dead_ax.plot(tokens, [line.get("dead_features", 0) for line in lines], lw=1.2, label=folder.name)
+    for ax, title in ((ev_ax, "training explained variance (per batch)"), (dead_ax, "dead latents")):
         ax.set_xlabel("training tokens")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    l0_ax.set_yscale("log")
-    ev_ax.legend(fontsize=7, ncol=2)
+    ev_ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
