@@ -159,24 +159,23 @@ def publish(run: Path, publish_dir: Path, docs: Path) -> None:
 
 
 def training_curves(folders, path: Path) -> None:
-    """Each SAE's training explained variance (per batch) and dead latents (train_log.jsonl) against training
-    tokens: whether the run had converged."""
+    """Each SAE's training explained variance (per batch, train_log.jsonl) against training tokens: whether the run
+    had converged. (Its dead-latent count is left out: saes train counts a latent dead after --dead-after-tokens,
+    10M by default, which a short run never reaches.)"""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ev_ax, dead_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, ax = plt.subplots(figsize=(7, 4))
     for folder in folders:
         lines = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines() if line.strip()]
-        tokens = [line["tokens"] for line in lines]
-        ev_ax.plot(tokens, [line["explained_variance"] for line in lines], lw=1.2, label=folder.name)
-        dead_ax.plot(tokens, [line.get("dead_features", 0) for line in lines], lw=1.2, label=folder.name)
-    for ax, title in ((ev_ax, "training explained variance (per batch)"), (dead_ax, "dead latents")):
-        ax.set_xlabel("training tokens")
-        ax.set_title(title, fontsize=10)
-        ax.grid(alpha=0.3)
-    ev_ax.legend(fontsize=8)
+        ax.plot([line["tokens"] for line in lines], [line["explained_variance"] for line in lines], lw=1.2,
+                label=folder.name)
+    ax.set_xlabel("training tokens")
+    ax.set_title("training explained variance (per batch)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
