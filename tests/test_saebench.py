@@ -351,7 +351,10 @@ def test_shipped_bench_results_validate_and_plot(tmp_path):
     root = Path(__file__).resolve().parents[1] / "saes" / "pretrained"
     shipped = sorted(root.glob("*/*/saebench/*/*_eval_results.json"))
     assert {p.parent.name for p in shipped} >= {"core", "sparse_probing"}
-    for path in shipped:
+    # and the results of SAEs not shipped (experiments/results/saebench_lm_*: SmolLM2's sweep), as committed
+    swept = sorted((root.parents[1] / "experiments" / "results").glob("saebench_lm_*/*/*/*_eval_results.json"))
+    assert swept
+    for path in shipped + swept[:1]:  # one of the sweep's (1 MB each: validating all costs ~2 s apiece)
         validate(json.loads(path.read_text()))
     rows = collect([root / "toy-chat"])
     assert len(rows) == 1 and rows[0]["l0"] == pytest.approx(16.0) and rows[0]["sae_top_1_test_accuracy"] > 0.5
