@@ -86,21 +86,24 @@ def evaluate(sae, model, n_samples: int, seed: int) -> dict:
 
 
 def train_interleaved(architectures: list[str], batches: list[torch.Tensor], *, d_sae: int, k: int, lr: float,
-                      seed: int, options: dict[str, dict] | None = None) -> dict[str, tuple]:
+                      seed: int, options: dict[str, dict] | None = None, curve=None,
+                      curve_every: int = 0, lrs: dict[str, float] | None = None) -> dict[str, tuple]:
     """Train every architecture on the same batches, step by step in turn (so that load from other processes
     hits all alike), each as saes.train.train drives its trainer: check_batch, prepare on the first batch, one
     step per batch, to_inference at the end (train()'s checkpoint and log files are left out: they are not the
-    trainer's speed). Returns {name: (inference SAE, seconds in prepare + steps, median step seconds)}."""
+    trainer's speed). Returns {name: (inference SAE, seconds in prepare + steps, median step seconds, curve)}:
+    curve, every `curve_every` steps (0: none), is `curve(inference SAE)`'s dict with the step and samples seen,
+    measured outside the timed seconds (the recovery curve that shows whether training has converged)."""
     from saes.train import check_batch
 
     d_in = batches[0].shape[1]
     total = sum(batch.shape[0] for batch in batches)
-    trainers, seconds, steps = {}, {}, {}
+    trainers, seconds, steps, curves = {}, {}, {}, {}
     for name in architectures:
         config = TrainConfig(architecture=name, d_in=d_in, d_sae=d_sae, k=k, batch_size=batches[0].shape[0],
-                             lr=lr, total_tokens=total, dead_after_tokens=max(1, total // 10), seed=seed,
+                             lr=(lrs or {}).get(name, lr), total_tokens=total, dead_after_tokens=max(1, total // 10), seed=seed,
                              options=dict((options or {}).get(name, {}))).validate()
-        trainers[name], seconds[name], steps[name] = make_trainer(config), 0.0, []
+        trainers[name], seconds[name], steps[name], curves[name] = make_trainer(config), 0.0, [], []
     for index, raw in enumerate(batches):
         batch = check_batch(raw, d_in, index)
         for name, trainer in trainers.items():
@@ -113,8 +116,12 @@ def train_interleaved(architectures: list[str], batches: list[torch.Tensor], *, 
             steps[name].append(spent)
             if not all(map(math.isfinite, metrics.values())):
                 raise RuntimeError(f"{name} diverged at step {index}: {metrics}")
-    return {name: (trainer.to_inference(architecture_trained=name), seconds[name], statistics.median(steps[name]))
-            for name, trainer in trainers.items()}
+            if curve is not None and curve_every and ((index + 1) % curve_every == 0 or index + 1 == len(batches)):
+                point = curve(trainer.to_inference(architecture_trained=name))
+                curves[name].append({"step": index + 1, "samples": (index + 1) * batch.shape[0],
+                                     "train_mse_loss": metrics.get("mse_loss"), **point})
+    return {name: (trainer.to_inference(architecture_trained=name), seconds[name], statistics.median(steps[name]),
+                   curves[name]) for name, trainer in trainers.items()}
 
 
 def random_sae(d_in: int, d_sae: int, k: int, seed: int, first_batch: torch.Tensor):
@@ -134,7 +141,8 @@ def cpu_model() -> str:
 
 def run(*, d_in: int = 64, n_features: int = 256, d_sae: int = 256, k: int | None = None, samples: int = 1_000_000,
         batch_size: int = 1024, lr: float = 3e-4, eval_samples: int = 50_000, data_seed: int = 42, seed: int = 0,
-        architectures: list[str] | None = None, options: dict[str, dict] | None = None, log=print) -> dict:
+        architectures: list[str] | None = None, options: dict[str, dict] | None = None, curve_every: int = 0,
+        curve_samples: int = 10_000, lrs: dict[str, float] | None = None, log=print) -> dict:
     """The whole benchmark; returns the result dict (see the module docstring).
 
     data_seed (the planted dictionary and the stream) must differ from seed (the trainers' initialisation): the
@@ -145,6 +153,8 @@ def run(*, d_in: int = 64, n_features: int = 256, d_sae: int = 256, k: int | Non
     for name in architectures:
         if name not in TRAINERS or name in TRANSCODER_TRAINERS:
             raise ValueError(f"unknown SAE trainer {name!r}; choose among {', '.join(sae_trainers())}")
+    if set(lrs or {}) - set(architectures):
+        raise ValueError(f"a learning rate for a trainer not run: {', '.join(sorted(set(lrs) - set(architectures)))}")
     if data_seed == seed:
         raise ValueError(f"data_seed must differ from seed (both {seed}): the planted dictionary and the untrained "
                          "decoders both start from torch.randn under their seed")
@@ -159,20 +169,30 @@ def run(*, d_in: int = 64, n_features: int = 256, d_sae: int = 256, k: int | Non
     rows = {"random (untrained topk)": {"architecture": "topk", "via": "-", "seconds": 0.0, "samples_per_s": None,
                                         "options": {}, **evaluate(random_sae(d_in, d_sae, k, seed, batches[0]), model,
                                                                   eval_samples, data_seed + 2)}}
-    trained = train_interleaved(architectures, batches, d_sae=d_sae, k=k, lr=lr, seed=seed, options=options)
-    for name, (sae, seconds, median_step) in trained.items():
+    def curve(sae) -> dict:  # a smaller eval on its own fresh samples: MCC, F1, L0 and EV as training goes
+        r = evaluate(sae, model, curve_samples, data_seed + 3)
+        return {"mcc": r["mcc"], "f1": r["classification"]["f1_score"], "l0": r["sae_l0"],
+                "explained_variance": r["explained_variance"], "dead_latents": r["dead_latents"]}
+
+    trained = train_interleaved(architectures, batches, d_sae=d_sae, k=k, lr=lr, seed=seed, options=options,
+                                curve=curve, curve_every=curve_every, lrs=lrs)
+    for name, (sae, seconds, median_step, points) in trained.items():
         via = "sae-lens SAETrainer.step" if issubclass(TRAINERS[name], LensTrainer) else "ours"
         rows[name] = {"architecture": name, "via": via,
                       "seconds": seconds, "samples_per_s": n / seconds, "median_step_s": median_step,
-                      "options": options.get(name, {}), **evaluate(sae, model, eval_samples, data_seed + 2)}
+                      "options": options.get(name, {}), **evaluate(sae, model, eval_samples, data_seed + 2),
+                      "curve": points}
         r = rows[name]
         log(f"{name:12s} {r['samples_per_s']:9.0f} samples/s  MCC {r['mcc']:.3f}  uniq {r['uniqueness']:.3f}  "
             f"F1 {r['classification']['f1_score']:.3f}  L0 {r['sae_l0']:.1f}  EV {r['explained_variance']:.3f}")
     return {"benchmark": "synthetic_trainers",
             "dataset": {"generator": "sae_lens.synthetic.SyntheticModel", "config": model.cfg.to_dict(),
                         "true_l0": true_l0, "train_samples": n, "eval_samples": eval_samples},
-            "settings": {"d_sae": d_sae, "k": k, "batch_size": batch_size, "lr": lr, "seed": seed,
-                         "data_seed": data_seed, "dead_after_tokens": max(1, n // 10)},
+            "settings": {"d_sae": d_sae, "k": k, "batch_size": batch_size, "lr": lr, "lrs": lrs or {}, "seed": seed,
+                         "data_seed": data_seed, "dead_after_tokens": max(1, n // 10), "curve_every": curve_every,
+                         "curve_samples": curve_samples},
+            "timed": "each trainer's prepare (first batch) and step calls only: the stream is drawn before training, "
+                     "held in memory and shared by every trainer; evals, curves and to_inference are not timed",
             "eval": "sae_lens.synthetic.eval_sae_on_synthetic_data",
             "rows": rows}
 
@@ -205,13 +225,19 @@ def main() -> None:
     parser.add_argument("--data-seed", type=int, default=42, help="the planted dictionary and the stream")
     parser.add_argument("--architectures", nargs="*", default=None)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--curve-every", type=int, default=0,
+                        help="steps between points of the recovery curve (MCC on --curve-samples; 0: none)")
+    parser.add_argument("--curve-samples", type=int, default=10_000)
+    parser.add_argument("--lr-for", action="append", default=[], metavar="TRAINER=LR",
+                        help="one trainer's own learning rate (default: --lr for all)")
     parser.add_argument("--out", default="experiments/results/synthetic_trainers.json")
     args = parser.parse_args()
     for name, value, low, high in (("--d-in", args.d_in, 2, 4096), ("--features", args.features, 2, 65536),
                                    ("--d-sae", args.d_sae, 2, 65536), ("--samples", args.samples, 1, 10**8),
                                    ("--batch-size", args.batch_size, 1, 65536),
                                    ("--eval-samples", args.eval_samples, 1, 10**7),
-                                   ("--threads", args.threads, 1, 256)):
+                                   ("--threads", args.threads, 1, 256), ("--curve-every", args.curve_every, 0, 10**6),
+                                   ("--curve-samples", args.curve_samples, 1, 10**6)):
         if not low <= value <= high:
             parser.error(f"{name} must be in {low}..{high}, got {value}")
     if args.samples < args.batch_size:
@@ -219,19 +245,29 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.k is not None and not 1 <= args.k <= args.d_sae:
         parser.error(f"--k must be in 1..--d-sae ({args.d_sae}), got {args.k}")
-    if not 0 < args.lr < 1:
-        parser.error(f"--lr must be in (0, 1), got {args.lr}")
+    lrs = {}
+    for item in args.lr_for:
+        name, _, value = item.partition("=")
+        try:
+            lrs[name] = float(value)
+        except ValueError:
+            parser.error(f"--lr-for takes TRAINER=LR, got {item!r}")
+    if not all(0 < v < 1 for v in (args.lr, *lrs.values())):
+        parser.error(f"learning rates must be in (0, 1), got {args.lr} and {lrs}")
     try:
         result = run(d_in=args.d_in, n_features=args.features, d_sae=args.d_sae, k=args.k, samples=args.samples,
                      batch_size=args.batch_size, lr=args.lr, eval_samples=args.eval_samples, seed=args.seed,
-                     data_seed=args.data_seed, architectures=args.architectures)
+                     data_seed=args.data_seed, architectures=args.architectures, curve_every=args.curve_every,
+                     curve_samples=args.curve_samples, lrs=lrs)
     except ValueError as err:  # an unknown trainer, equal seeds, a bad option: one line, nothing written
         parser.error(str(err))
     result.update({"cpu": cpu_model(), "threads": args.threads, "torch": torch.__version__,
                    "sae_lens": __import__("sae_lens").__version__,
                    "command": "python -m benchmarks.synthetic_trainers " + " ".join(
                        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                       if v is not None and k not in ("out", "architectures"))})
+                       if v is not None and k not in ("out", "architectures", "lr_for"))
+                   + "".join(f" --lr-for {item}" for item in args.lr_for)
+                   + (" --architectures " + " ".join(args.architectures) if args.architectures else "")})
     print(table(result))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -708,13 +708,15 @@ def test_features_tab_benchmark_shows_the_shipped_saes_saebench_results_or_the_c
                     "cossim": m["reconstruction_quality"]["cossim"], "L2 ratio": m["shrinkage"]["l2_ratio"],
                     "alive": m["misc_metrics"]["frac_alive"], "SAE top-1": p["sae"]["sae_top_1_test_accuracy"],
                     "LLM probe": p["llm"]["llm_test_accuracy"]}
-        assert rows["SAE"].tolist() == [hook] and f"saes/pretrained/{folder}/{hook}/saebench" in note
-        row = rows.iloc[0]
+        # the shipped SAE's row (SmolLM2's sweep of SAEs not shipped, experiments/results/saebench_lm_*, beside it)
+        assert hook in rows["SAE"].tolist() and f"saes/pretrained/{folder}/{hook}/saebench" in note
+        row = rows.set_index("SAE").loc[hook]
         for column, value in expected.items():
             assert row[column] == pytest.approx(value, abs=5e-4), column
         # SAEBench's plot: the SAE at (its L0, its CE score) in the CE panel
-        ce = [t for t in fig.data if t.xaxis in ("x", None)]
-        assert ce and ce[0].x[0] == expected["L0"] and ce[0].y[0] == pytest.approx(expected["CE score"], rel=1e-9)
+        ce = [t for t in fig.data if t.xaxis in ("x", None) and hook in list(t.text)]
+        at = list(ce[0].text).index(hook)
+        assert ce[0].x[at] == expected["L0"] and ce[0].y[at] == pytest.approx(expected["CE score"], rel=1e-9)
     # the image model: every SAE of every image_saebench run on it, the shipped TopK SAEs' values among them
     note, rows, fig = tab.benchmark("toy")
     shipped = json.loads(Path("experiments/results/image_saebench_shipped.json").read_text())["saes"]

@@ -351,7 +351,10 @@ def test_shipped_bench_results_validate_and_plot(tmp_path):
     root = Path(__file__).resolve().parents[1] / "saes" / "pretrained"
     shipped = sorted(root.glob("*/*/saebench/*/*_eval_results.json"))
     assert {p.parent.name for p in shipped} >= {"core", "sparse_probing"}
-    for path in shipped:
+    # and the results of SAEs not shipped (experiments/results/saebench_lm_*: SmolLM2's sweep), as committed
+    swept = sorted((root.parents[1] / "experiments" / "results").glob("saebench_lm_*/*/*/*_eval_results.json"))
+    assert swept
+    for path in shipped + swept[:1]:  # one of the sweep's (1 MB each: validating all costs ~2 s apiece)
         validate(json.loads(path.read_text()))
     rows = collect([root / "toy-chat"])
     assert len(rows) == 1 and rows[0]["l0"] == pytest.approx(16.0) and rows[0]["sae_top_1_test_accuracy"] > 0.5
@@ -359,3 +362,23 @@ def test_shipped_bench_results_validate_and_plot(tmp_path):
     write_html(rows, tmp_path / "p.html", "cdn")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
     assert "CE loss score" in (tmp_path / "p.html").read_text()
+
+
+def test_plot_series_join_one_architectures_sweep_and_keep_other_folders_apart():
+    """SAEBench's plot with many SAEs: one line per model / architecture / results folder, through its SAEs in
+    order of L0; the folder is named only where the same architecture comes from several folders."""
+    from saes.bench.plots import figure, group_rows
+
+    def row(sae, l0, ce, arch="topk", source="sweep"):
+        return {"model": "m", "sae": sae, "architecture": arch, "d_sae": 8, "l0": l0, "source": source,
+                "core:ce_loss_score": ce}
+
+    rows = group_rows([row("k64", 64, 0.99), row("k8", 8, 0.80), row("k16", 16, 0.90),
+                       row("shipped-k32", 32, 0.95, source="shipped"), row("b32", 32, 0.94, arch="batchtopk")])
+    assert {r["group"] for r in rows} == {"m / topk [sweep]", "m / topk [shipped]", "m / batchtopk"}
+    fig = figure(rows, (("core:ce_loss_score", "CE"),))
+    traces = {t.name: t for t in fig.data}
+    assert set(traces) == {"m / topk [sweep]", "m / topk [shipped]", "m / batchtopk"}
+    sweep = traces["m / topk [sweep]"]
+    assert list(sweep.x) == [8, 16, 64] and list(sweep.y) == [0.80, 0.90, 0.99] and sweep.mode == "lines+markers"
+    assert list(sweep.text) == ["k8", "k16", "k64"] and traces["m / batchtopk"].mode == "markers"

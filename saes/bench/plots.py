@@ -6,8 +6,10 @@
 reads every `*_eval_results.json` below each --results folder (core and sparse_probing), and writes
 `<out>/metrics_vs_l0.png` (matplotlib) and `<out>/metrics_vs_l0.html` (plotly, standalone) with one panel per
 metric: ce_loss_score, kl_div_score, explained_variance (SAEBench's) and sae_top_1_test_accuracy, each against the
-core eval's L0 (log x, as SAEBench draws it). Points are labelled model / SAE / architecture. Prints a markdown
-table of the headline metrics, one row per SAE.
+core eval's L0 (log x, as SAEBench draws it). SAEs of one model, architecture and results folder are one series
+(a line through their points in order of L0, as SAEBench draws each trainer's sweep); the folder is named in the
+legend only where a model has one architecture in several folders (e.g. the shipped SAE beside a sweep trained on
+another budget). Prints a markdown table of the headline metrics, one row per SAE.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ PANELS = (("core", "model_performance_preservation", "ce_loss_score", "CE loss s
 
 
 def collect(roots) -> list[dict]:
-    """One row per SAE: its label, L0, architecture and the panels' metrics (None where its eval is missing)."""
+    """One row per SAE: its label, L0, architecture, results folder ("source") and the panels' metrics (None where
+    its eval is missing), and "group": the series it is drawn in (see the module's docstring)."""
     rows: dict[tuple, dict] = {}
     for root in roots:
         root = Path(root)
@@ -34,8 +37,9 @@ def collect(roots) -> list[dict]:
             result = json.loads(path.read_text())
             cfg = result.get("sae_cfg_dict") or {}
             key = (cfg.get("model_name"), result.get("sae_lens_id"))
-            row = rows.setdefault(key, {"model": key[0], "sae": key[1], "architecture": cfg.get("architecture"),
-                                        "d_sae": cfg.get("d_sae"), "l0": None})
+            trained = (cfg.get("metadata") or {}).get("architecture_trained") or cfg.get("architecture")
+            row = rows.setdefault(key, {"model": key[0], "sae": key[1], "architecture": trained,
+                                        "d_sae": cfg.get("d_sae"), "l0": None, "source": _source(root)})
             metrics = result["eval_result_metrics"]
             flat = {k: v for category in metrics.values() for k, v in category.items()}
             row.update({f"{result['eval_type_id']}:{k}": v for k, v in flat.items()})
@@ -52,7 +56,24 @@ def collect(roots) -> list[dict]:
     if not found:
         raise ValueError(f"no core result (*_eval_results.json) under {', '.join(map(str, roots))}: run saes bench "
                          f"--evals core first")
-    return found
+    return group_rows(found)
+
+
+def _source(root: Path) -> str:
+    """A results folder's name in a legend: "shipped" for the results beside an SAE under saes/pretrained."""
+    return "shipped" if "pretrained" in root.resolve().parts else root.name
+
+
+def group_rows(rows: list[dict]) -> list[dict]:
+    """Set each row's "group" (model / architecture, and its results folder where the model has that architecture in
+    several folders); rows sorted by group, then L0."""
+    sources: dict[tuple, set] = {}
+    for row in rows:
+        sources.setdefault((row["model"], row["architecture"]), set()).add(row.get("source"))
+    for row in rows:
+        many = len(sources[(row["model"], row["architecture"])]) > 1
+        row["group"] = f"{row['model']} / {row['architecture']}" + (f" [{row.get('source')}]" if many else "")
+    return sorted(rows, key=lambda r: (r["group"], r["l0"]))
 
 
 TABLE = (("L0", "l0", "{:.1f}"), ("CE score", "core:ce_loss_score", "{:.3f}"),
@@ -91,6 +112,20 @@ def label(row: dict) -> str:
     return f"{row['model']} / {row['sae']} ({row['architecture']}, {row['d_sae']})"
 
 
+def _series(rows, group=None) -> dict[str, list[dict]]:
+    """{series name: its rows in order of L0}: group(row) when a function is given (e.g. the image SAEs' trainer,
+    drawn as points), else a row's "group" (collect's: a sweep, drawn as a line), or the row alone under its label."""
+    series: dict[str, list[dict]] = {}
+    for row in rows:
+        name = group(row) if group is not None else (row.get("group") or label(row))
+        series.setdefault(name, []).append(row)
+    return {name: sorted(members, key=lambda r: r["l0"]) for name, members in series.items()}
+
+
+def _colours(n: int) -> list[str]:
+    return [f"C{i % 10}" for i in range(n)]  # matplotlib's cycle
+
+
 def write_png(rows, path: Path) -> None:
     import matplotlib
 
@@ -100,10 +135,12 @@ def write_png(rows, path: Path) -> None:
     from interp.atomic import atomic_write
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.8))
+    series = _series(rows)
     for ax, (_, _, name, title) in zip(axes, PANELS):
-        for row in rows:
-            if row.get(name) is not None:
-                ax.scatter(row["l0"], row[name], s=40, label=label(row))
+        for (group, members), colour in zip(series.items(), _colours(len(series))):
+            points = [(r["l0"], r[name]) for r in members if r.get(name) is not None]
+            if points:
+                ax.plot(*zip(*points), "-o", ms=5, lw=1.2, color=colour, label=group)
         ax.set_xscale("log")
         ax.set_xlabel("L0")
         ax.set_title(title, fontsize=10)
@@ -129,19 +166,20 @@ def figure(rows, panels=LM_PANELS, title: str = "SAEBench metrics against L0 (sa
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    names = [label(row) if group is None else group(row) for row in rows]
-    colours = {name: f"hsl({(i * 137) % 360},60%,45%)" for i, name in enumerate(dict.fromkeys(names))}
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels])
+    series = _series(rows, group)
     for col, (key, _) in enumerate(panels, 1):
-        shown = set()
-        for row, name in zip(rows, names):
-            if row.get(key) is None:
+        for i, (name, members) in enumerate(series.items()):
+            members = [r for r in members if r.get(key) is not None]
+            if not members:
                 continue
-            fig.add_trace(go.Scatter(x=[row["l0"]], y=[row[key]], mode="markers", name=name, legendgroup=name,
-                                     showlegend=col == 1 and name not in shown, text=[row["sae"]],
-                                     marker={"size": 10, "color": colours[name]}),
+            colour = f"hsl({(i * 137) % 360},60%,45%)"
+            fig.add_trace(go.Scatter(x=[r["l0"] for r in members], y=[r[key] for r in members],
+                                     mode="lines+markers" if group is None and len(members) > 1 else "markers",
+                                     name=name, legendgroup=name, showlegend=col == 1, text=[r["sae"] for r in members],
+                                     hovertemplate="%{text}<br>L0 %{x:.1f}<br>%{y:.3f}",
+                                     marker={"size": 9, "color": colour}, line={"color": colour}),
                           row=1, col=col)
-            shown.add(name)
         fig.update_xaxes(type="log", title_text="L0", row=1, col=col)
     fig.update_layout(height=420, title=title, **({} if width is None else {"width": width or 360 * len(panels)}))
     return fig

@@ -1,7 +1,9 @@
 """The SAEBench results of one model's SAEs, as they were written (read, never recomputed): for the UI's Features tab.
 
 - a language model: the `saes bench` files beside each SAE directory, `<SAE>/saebench/<eval>/*_eval_results.json`
-  (SAEBench's envelope), read with `saes.bench.plots.collect`: one row per SAE whose core result names the model;
+  (SAEBench's envelope), and those of SAEs not shipped, under `experiments/results/saebench_lm_*/` (e.g.
+  benchmarks/saebench_sweep_smollm2.py's sweep), read with `saes.bench.plots.collect`: one row per SAE whose core
+  result names the model;
 - an image model: the runs of `python -m experiments.image_saebench`, `experiments/results/image_saebench_*.json`
   whose "model" is the model: one row per SAE and run (the run is the file's name after `image_saebench_`).
 
@@ -15,11 +17,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .plots import LATER_EVALS, LM_PANELS, TABLE, collect
+from .plots import LATER_EVALS, LM_PANELS, TABLE, collect, group_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_RESULTS = ROOT / "experiments" / "results"
 IMAGE_PREFIX = "image_saebench_"
+LM_SWEEPS = "saebench_lm_*"  # folders of experiments/results with the bench results of SAEs not shipped
 
 IMAGE_HEADLINE = [  # (eval, metric, column title): experiments/image_saebench.py's table and the UI's
     ("image_reconstruction", "explained_variance", "EV"),
@@ -193,11 +196,14 @@ def image_command(model: str) -> str:
            f"{IMAGE_PREFIX}<name>.json"
 
 
-def lm_results(model: str, sae_dirs) -> ModelResults:
-    """The `saes bench` results beside each of `sae_dirs` (an SAE directory) whose core result is on `model`."""
+def lm_results(model: str, sae_dirs, sweeps=IMAGE_RESULTS) -> ModelResults:
+    """The `saes bench` results beside each of `sae_dirs` (an SAE directory), then those in the `saebench_lm_*`
+    folders of `sweeps` (None: none), whose core result is on `model`."""
     rows, sources = [], []
-    for directory in sae_dirs:
-        folder = Path(directory) / "saebench"
+    folders = [Path(directory) / "saebench" for directory in sae_dirs]
+    if sweeps is not None:
+        folders += sorted(p for p in Path(sweeps).glob(LM_SWEEPS) if p.is_dir())
+    for folder in folders:
         if not folder.is_dir():
             continue
         try:
@@ -209,7 +215,7 @@ def lm_results(model: str, sae_dirs) -> ModelResults:
                 rows.append(row)
                 sources.append(str(folder))
     columns = [(title, key) for title, key, _ in (*TABLE, *LATER_EVALS)]
-    return ModelResults(model, rows, columns, LM_PANELS, sources, lm_command(model))
+    return ModelResults(model, group_rows(rows) if rows else rows, columns, LM_PANELS, sources, lm_command(model))
 
 
 def image_results(model: str, folder=IMAGE_RESULTS) -> ModelResults:
@@ -238,6 +244,6 @@ def image_results(model: str, folder=IMAGE_RESULTS) -> ModelResults:
     return ModelResults(model, rows, columns, IMAGE_PANELS, sources, image_command(model), summaries)
 
 
-__all__ = ["IMAGE_BETTER", "IMAGE_HEADLINE", "IMAGE_PANELS", "IMAGE_RESULTS", "SHIPPED_TRAINER", "ModelResults",
-           "difference_error", "image_command", "image_results", "item_values", "lm_command", "lm_results",
-           "markdown_table", "standard_error", "trainer_summary"]
+__all__ = ["IMAGE_BETTER", "IMAGE_HEADLINE", "IMAGE_PANELS", "IMAGE_RESULTS", "LM_SWEEPS", "SHIPPED_TRAINER",
+           "ModelResults", "difference_error", "image_command", "image_results", "item_values", "lm_command",
+           "lm_results", "markdown_table", "standard_error", "trainer_summary"]
