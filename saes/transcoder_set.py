@@ -32,6 +32,8 @@ import torch
 
 from interp.atomic import atomic_write, atomic_write_text
 
+from .strict_json import dumps as strict_dumps
+
 MAX_LAYERS = 256
 MAX_DOCUMENTS = 1_000_000
 
@@ -167,7 +169,7 @@ def train_transcoder_set(lm, sequences: list[list[int]], out: str | os.PathLike,
         logs[layer] = open(out / f"layer{layer}" / "train_log.jsonl", "a")
 
     def write_progress():
-        atomic_write_text(progress_path, json.dumps({"config": saved_config, "chunks": len(chunks),
+        atomic_write_text(progress_path, strict_dumps({"config": saved_config, "chunks": len(chunks),
                                                      "chunks_done": {str(l): done[l] for l in layers}}, indent=1))
 
     def checkpoint(layer):
@@ -194,7 +196,7 @@ def train_transcoder_set(lm, sequences: list[list[int]], out: str | os.PathLike,
                     metrics = trainer.step(data[order[b:b + config.batch_size]])
                     steps[layer] += 1
                     if steps[layer] % config.log_every_steps == 0:
-                        logs[layer].write(json.dumps({"chunk": index, "epoch": epoch, **metrics}) + "\n")
+                        logs[layer].write(strict_dumps({"chunk": index, "epoch": epoch, **metrics}) + "\n")
                         logs[layer].flush()
             done[layer] = index + 1
         del rows
@@ -224,7 +226,7 @@ def train_transcoder_set(lm, sequences: list[list[int]], out: str | os.PathLike,
         if log_file.is_file():
             lines = log_file.read_text().splitlines()
             last_metrics = json.loads(lines[-1]) if lines else {}
-        atomic_write_text(target / "train_summary.json", json.dumps(
+        atomic_write_text(target / "train_summary.json", strict_dumps(
             {"config": saved_config, "layer": layer, "steps": steps[layer], "n_dead": trainer.n_dead(),
              "final_metrics": last_metrics, "trained_tokens": trained_tokens * config.epochs,
              "distinct_tokens": trained_tokens}, indent=1))
