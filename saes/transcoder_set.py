@@ -124,6 +124,24 @@ def _mlp_rows(lm, sequences: list[list[int]], layers: list[int], pad_batch: int 
     return {layer: torch.cat(parts) for layer, parts in rows.items()}
 
 
+def _check_memory(layer_config, n_layers: int) -> None:
+    """Refuse, before anything is allocated or written, sizes whose side-by-side training of every layer's
+    transcoder (encoder and decoder, their gradients and Adam's moments, a batch of pre-activations: saes.train's
+    lower bound, for each layer) this machine's memory cannot hold."""
+    from .train import _format_bytes
+
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return  # no sysconf here: the allocation itself will tell
+    need = layer_config.memory_bytes() * n_layers
+    if need > total:
+        raise ValueError(f"{n_layers} transcoder(s) of d_sae={layer_config.d_sae} latents on d_in={layer_config.d_in} "
+                         f"channels with batch_size={layer_config.batch_size} need at least {_format_bytes(need)} of "
+                         f"memory to train side by side; this machine has {_format_bytes(total)}: choose a smaller "
+                         f"--d-sae or --batch-size, or fewer --layers")
+
+
 def train_transcoder_set(lm, sequences: list[list[int]], out: str | os.PathLike, config: TranscoderSetConfig,
                          model_name: str, dataset: str = "", log=print) -> dict[int, Path]:
     """Train one transcoder per layer of ``lm`` on ``sequences`` (start token first) into ``out``; resumes from
@@ -148,15 +166,20 @@ def train_transcoder_set(lm, sequences: list[list[int]], out: str | os.PathLike,
                          and previous["config"].get(k) != saved_config[k])
         if changed:
             raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}): give another --out")
+    d_model = lm.d_model
+
+    def layer_config(layer: int) -> TrainConfig:
+        return TrainConfig(architecture=config.architecture, d_in=d_model, d_out=d_model, d_sae=config.d_sae,
+                           k=config.k, batch_size=config.batch_size, lr=config.lr, total_tokens=config.total_tokens,
+                           dead_after_tokens=config.dead_after_tokens, options=dict(config.options),
+                           seed=config.seed + layer).validate()
+
+    _check_memory(layer_config(layers[0]), len(layers))  # every layer trains side by side: before any write
     out.mkdir(parents=True, exist_ok=True)
     chunks = _chunks(sequences, config.chunk_tokens, config.total_tokens, config.batch_size)
-    d_model = lm.d_model
     trainers, done, steps, logs = {}, {}, {}, {}
     for layer in layers:
-        tc = TrainConfig(architecture=config.architecture, d_in=d_model, d_out=d_model, d_sae=config.d_sae,
-                         k=config.k, batch_size=config.batch_size, lr=config.lr, total_tokens=config.total_tokens,
-                         dead_after_tokens=config.dead_after_tokens, options=dict(config.options),
-                         seed=config.seed + layer).validate()
+        tc = layer_config(layer)
         trainer = make_trainer(tc)
         ckpt = out / f"layer{layer}" / "checkpoint.pt"
         done[layer], steps[layer] = 0, 0

@@ -336,3 +336,8 @@ def test_transcoder_set_trains_every_layer_and_resumes_to_the_same_weights(tmp_p
     with pytest.raises(ValueError, match="other settings"):
         train_transcoder_set(lm, sequences, tmp_path / "a", TranscoderSetConfig(total_tokens=104, **{**config, "k": 5}),
                              model_name="tiny", log=lambda line: None)
+    # a size no memory holds is refused before anything is allocated or written
+    with pytest.raises(ValueError, match="need at least .* of memory to train side by side"):
+        train_transcoder_set(lm, sequences, tmp_path / "huge", TranscoderSetConfig(
+            total_tokens=104, **{**config, "d_sae": 10**12}), model_name="tiny", log=lambda line: None)
+    assert not (tmp_path / "huge").exists()
