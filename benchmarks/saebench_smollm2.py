@@ -38,22 +38,24 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def chat_text(tokenizer, row: dict, context: int = 1024) -> str:
+    """A prompt / completion record as ship.sh renders it: the model's chat template without its start token (the
+    collector adds one), cut to context - 8 tokens when it would fill the context."""
+    chat = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["completion"]}]
+    text = tokenizer.apply_chat_template(chat, tokenize=False)
+    if tokenizer.bos_token and text.startswith(tokenizer.bos_token):
+        text = text[len(tokenizer.bos_token):]
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer.decode(ids[:context - 8]) if len(ids) >= context else text
+
+
 def held_out_file(data_dir: Path, out: Path) -> Path:
     from experiments.smollm2_study import dolly_records, split_dolly
     from interp.models.lm import load_hf_lm
 
     _, tokenizer = load_hf_lm(MODEL)
     _, held_out = split_dolly(dolly_records(data_dir / "dolly-sample.jsonl"))
-    texts = []
-    for row in held_out:
-        chat = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["completion"]}]
-        text = tokenizer.apply_chat_template(chat, tokenize=False)
-        if tokenizer.bos_token and text.startswith(tokenizer.bos_token):
-            text = text[len(tokenizer.bos_token):]
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) >= 1024:
-            text = tokenizer.decode(ids[:1016])
-        texts.append(text)
+    texts = [chat_text(tokenizer, row) for row in held_out]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     return out

@@ -56,6 +56,7 @@ def corpus(run: Path, data_dir: Path) -> None:
     """ship.sh's corpus.jsonl and heldout.jsonl (its heredoc, from the study's functions directly)."""
     if (run / "corpus.jsonl").exists() and (run / "heldout.jsonl").exists():
         return
+    from benchmarks.saebench_smollm2 import chat_text
     from experiments.smollm2_study import advbench_refusals, dolly_records, split_dolly
     from interp.models.lm import load_hf_lm
 
@@ -64,16 +65,7 @@ def corpus(run: Path, data_dir: Path) -> None:
     safety = advbench_refusals(data_dir / "advbench_harmful_behaviors.csv")
     run.mkdir(parents=True, exist_ok=True)
     for name, rows in (("corpus", train + safety), ("heldout", held_out)):
-        texts = []
-        for row in rows:
-            chat = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["completion"]}]
-            text = tokenizer.apply_chat_template(chat, tokenize=False)
-            if tokenizer.bos_token and text.startswith(tokenizer.bos_token):
-                text = text[len(tokenizer.bos_token):]
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            if len(ids) >= CONTEXT:
-                text = tokenizer.decode(ids[:CONTEXT - 8])
-            texts.append(text)
+        texts = [chat_text(tokenizer, row, CONTEXT) for row in rows]
         random.Random(0).shuffle(texts)
         (run / f"{name}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         log(f"{name}: {len(texts)} documents")

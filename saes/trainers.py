@@ -660,7 +660,7 @@ class _TranscoderTrainer:
 
 @register_trainer("topk-transcoder")
 class TopKTranscoderTrainer(_TranscoderTrainer):
-    pass
+    """Each token keeps its own k largest latents (the base class's rule; batch_topk is off)."""
 
 
 @register_trainer("batchtopk-transcoder")

@@ -184,7 +184,7 @@ def train_transcoder_set(lm, sequences: list[list[int]], out: str | os.PathLike,
         ckpt = out / f"layer{layer}" / "checkpoint.pt"
         done[layer], steps[layer] = 0, 0
         if ckpt.is_file():
-            state = torch.load(ckpt, map_location="cpu", weights_only=False)
+            state = torch.load(ckpt, map_location="cpu", weights_only=True)  # tensors and numbers only
             trainer.load_state_dict(state["trainer"])
             done[layer], steps[layer] = int(state["chunks_done"]), int(state["steps"])
         trainers[layer] = trainer
